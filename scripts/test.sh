@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install everything the tests need (idempotent; cached in .venv), start what they need,
+# then run lint, type checks and the test suite. CI runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[dev]'
+# Components add their own setup here (each script is idempotent and caches its work).
+for setup in scripts/setup-*.sh; do
+  [ -e "$setup" ] || continue
+  echo "== $setup"
+  bash "$setup"
+done
+echo "== ruff"; .venv/bin/ruff check src tests
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/pytest -q "$@"

@@ -1,0 +1,206 @@
+"""The ``SLOPolicy`` settings model: one source of truth.
+
+The same pydantic model validates the ``SLOPolicy`` custom resource (its OpenAPI schema
+in ``crds/`` is generated from it), the sidecar's config file (the ConfigMap the
+operator mounts) and the simulator's settings. Field names are snake_case in Python and
+camelCase on the wire (YAML, JSON, the CRD), as Kubernetes API conventions ask.
+
+Sections: ``sloDefaults`` (per-kind defaults and named classes), ``objective``,
+``scheduler`` (cutoff ``p``, frame, aging ``delta``, length quantile, refinement,
+preemption), ``fairness`` (weight ``f``, tenant weights), ``admission`` (waiting time,
+queue cap, overload action), and the serving sections the operator reads
+(``model``, ``replicas``, ``ingress``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
+
+Seconds = Annotated[float, Field(gt=0, le=86400)]
+DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class LatencyDefaults(_Model):
+    ttft_seconds: Seconds = Field(2.0, description="Time to first token target (paper: P95 of real API calls).")
+    tbt_seconds: Seconds = Field(0.1, description="Time between tokens target.")
+
+
+class SLOClass(_Model):
+    """A named SLO class tenants can ask for (e.g. ``interactive``, ``batch``)."""
+
+    name: DNSLabel
+    kind: SLOKind
+    ttft_seconds: Seconds | None = None
+    tbt_seconds: Seconds | None = None
+    deadline_seconds: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> SLOClass:
+        if self.kind is SLOKind.LATENCY and (self.ttft_seconds is None or self.tbt_seconds is None):
+            raise ValueError(f"class {self.name}: kind latency needs ttftSeconds and tbtSeconds")
+        if self.kind in (SLOKind.DEADLINE, SLOKind.COMPOUND) and self.deadline_seconds is None:
+            raise ValueError(f"class {self.name}: kind {self.kind.value} needs deadlineSeconds")
+        return self
+
+
+class SLODefaults(_Model):
+    latency: LatencyDefaults = LatencyDefaults()
+    deadline_seconds: Seconds = Field(20.0, description="End-to-end latency target of deadline requests.")
+    compound_seconds_per_stage: Seconds = Field(20.0, description="Compound deadline = this x number of stages.")
+    best_effort_deadline_seconds: Seconds = Field(
+        120.0, description="Deadline given to requests without an SLO, so they never starve."
+    )
+    classes: list[SLOClass] = Field(default_factory=list, max_length=64)
+
+    def slo_for(self, kind: SLOKind, stages: int = 1) -> SLO:
+        """The default SLO of ``kind``."""
+        if kind is SLOKind.LATENCY:
+            return LatencySLO(self.latency.ttft_seconds, self.latency.tbt_seconds)
+        if kind is SLOKind.DEADLINE:
+            return DeadlineSLO(self.deadline_seconds)
+        if kind is SLOKind.COMPOUND:
+            return CompoundSLO(self.compound_seconds_per_stage * stages)
+        return DeadlineSLO(self.best_effort_deadline_seconds, best_effort=True)
+
+    def class_slo(self, name: str) -> SLO | None:
+        for cls in self.classes:
+            if cls.name == name:
+                if cls.kind is SLOKind.LATENCY:
+                    assert cls.ttft_seconds is not None and cls.tbt_seconds is not None
+                    return LatencySLO(cls.ttft_seconds, cls.tbt_seconds)
+                if cls.kind is SLOKind.BEST_EFFORT:
+                    return self.slo_for(SLOKind.BEST_EFFORT)
+                assert cls.deadline_seconds is not None
+                if cls.kind is SLOKind.COMPOUND:
+                    return CompoundSLO(cls.deadline_seconds)
+                return DeadlineSLO(cls.deadline_seconds)
+        return None
+
+
+class Objective(StrEnum):
+    TOKENS = "tokens"
+    REQUESTS = "requests"
+
+
+class CutoffMode(StrEnum):
+    FIXED = "fixed"
+    AUTO = "auto"
+
+
+class CutoffSettings(_Model):
+    """GMAX's priority cutoff ``p``: candidates keep priority >= p x the B-th best."""
+
+    mode: CutoffMode = CutoffMode.AUTO
+    value: float = Field(0.95, gt=0, le=1, description="p when mode is fixed; the starting point when auto.")
+    candidates: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95, 1.0], min_length=1, max_length=16
+    )
+    epoch_frames: int = Field(20, ge=1, le=10000, description="Frames per exploration epoch in auto mode.")
+
+
+class PreemptionSettings(_Model):
+    enabled: bool = True
+    max_per_frame: int = Field(8, ge=0, le=1024)
+    cost_factor: float = Field(
+        1.0, ge=0, le=100, description="Multiplier on the modelled cost (stall time x token rate)."
+    )
+
+
+class SchedulerSettings(_Model):
+    policy: str = Field("gmax", pattern=r"^[a-z][a-z0-9-]*$", description="gmax or a baseline name.")
+    cutoff: CutoffSettings = CutoffSettings()
+    frame_steps: int = Field(50, ge=1, le=10000, description="Decode steps per scheduling frame.")
+    delta: float = Field(
+        0.05, ge=0, le=1000, description="Anti-starvation aging: priority added per frame waited, as a fraction of the median priority."
+    )
+    length_quantile: float = Field(0.95, gt=0, lt=1)
+    refine_every: int = Field(50, ge=1, le=100000, description="Refine the length bound every N generated tokens.")
+    candidate_factor: int = Field(4, ge=1, le=64, description="GMAX considers the top k x B requests.")
+    soft_penalty: float = Field(1.0, ge=0, le=16, description="Exponent of the lateness discount.")
+    preemption: PreemptionSettings = PreemptionSettings()
+
+
+class TenantSpec(_Model):
+    name: DNSLabel
+    weight: float = Field(1.0, gt=0, le=1000)
+    api_key_secret: str | None = Field(
+        None, description="Name of a Secret whose key 'api-key' identifies this tenant."
+    )
+
+
+class FairnessSettings(_Model):
+    weight: float = Field(0.0, ge=0, le=1, description="f: 0 = pure goodput, 1 = pure fair share.")
+    tenants: list[TenantSpec] = Field(default_factory=list, max_length=1000)
+    window_seconds: Seconds = Field(60.0, description="Horizon of the service each tenant received.")
+
+    def weight_of(self, tenant: str) -> float:
+        for spec in self.tenants:
+            if spec.name == tenant:
+                return spec.weight
+        return 1.0
+
+
+class OverloadAction(StrEnum):
+    DROP = "drop"
+    DEMOTE = "demote"
+
+
+class AdmissionSettings(_Model):
+    max_waiting_seconds: Seconds = Field(5.0, description="Requests not scheduled within this are retired (paper section 5).")
+    queue_cap: int = Field(4096, ge=1, le=1_000_000)
+    overload_action: OverloadAction = OverloadAction.DROP
+
+
+class ModelSpec(_Model):
+    name: str = Field("tiny-llama", min_length=1, max_length=253)
+    image: str = Field("vllm/vllm-openai:v0.11.0", min_length=1)
+    args: list[str] = Field(default_factory=list)
+    gpus: int = Field(1, ge=0, le=16)
+    cpu: str = "4"
+    memory: str = "32Gi"
+
+
+class IngressSpec(_Model):
+    host: str | None = None
+    class_name: str | None = None
+    tls_secret: str | None = None
+
+
+class SLOPolicySpec(_Model):
+    """``spec`` of the ``SLOPolicy`` custom resource and the sidecar's config file."""
+
+    objective: Objective = Objective.TOKENS
+    slo_defaults: SLODefaults = SLODefaults()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    fairness: FairnessSettings = FairnessSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    model: ModelSpec = ModelSpec()
+    replicas: int = Field(1, ge=0, le=1000)
+    ingress: IngressSpec | None = None
+
+
+class PolicyError(ValueError):
+    """A policy document is invalid; the message names each bad field (camelCase path)."""
+
+
+def load_policy(document: dict[str, Any]) -> SLOPolicySpec:
+    """Validate a spec mapping (wire names) and return the model, or raise PolicyError."""
+    try:
+        return SLOPolicySpec.model_validate(document)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise PolicyError(problems) from err

@@ -1,0 +1,177 @@
+"""Requests, compound programs and their live state.
+
+Who owns what:
+- :class:`Request` is what a tenant asked for (immutable). In simulation it also carries
+  the true output length, which only the engine and the oracle estimator may read.
+- :class:`Program` is a compound request: stages of LLM calls, each stage depending on
+  all calls of the previous one, with tool-call time between stages.
+- :class:`LiveRequest` / :class:`LiveProgram` are the mutable state that an engine (the
+  simulator or the sidecar) updates and that scheduling policies read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from jitserve.slo import SLO, CompoundSLO, LatencySLO, SLOError, SLOKind
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: str
+    tenant: str
+    slo: SLO
+    prompt_tokens: int
+    arrival_s: float
+    output_tokens: int | None = None
+    """True output length; known in simulation only (engine and oracle)."""
+    max_tokens: int | None = None
+    slo_class: str = "default"
+    app: str = "chat"
+    program_id: str | None = None
+    stage: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise SLOError("prompt_tokens", f"must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens is not None and self.output_tokens < 1:
+            raise SLOError("output_tokens", f"must be >= 1, got {self.output_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise SLOError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if not self.tenant:
+            raise SLOError("tenant", "must not be empty")
+
+    @property
+    def kind(self) -> SLOKind:
+        return self.slo.kind
+
+
+@dataclass(frozen=True, slots=True)
+class LLMCall:
+    prompt_tokens: int
+    output_tokens: int
+    model: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    calls: tuple[LLMCall, ...]
+    tool_s: float = 0.0
+    """Wall time of the tool call that runs after this stage, before the next one."""
+    tool: str = "search"
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    program_id: str
+    tenant: str
+    arrival_s: float
+    slo: CompoundSLO
+    stages: tuple[Stage, ...]
+    slo_class: str = "default"
+    app: str = "research"
+
+    def __post_init__(self) -> None:
+        if not self.stages or any(not s.calls for s in self.stages):
+            raise SLOError("stages", "a compound program needs at least one stage with calls")
+        if any(s.tool_s < 0 for s in self.stages):
+            raise SLOError("tool_s", "tool-call time must be >= 0")
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(c.prompt_tokens + c.output_tokens for s in self.stages for c in s.calls)
+
+    def stage_requests(self, stage: int, now_s: float) -> list[Request]:
+        """The sub-requests of ``stage``, arriving at ``now_s``."""
+        return [
+            Request(
+                request_id=f"{self.program_id}/{stage}/{i}",
+                tenant=self.tenant,
+                slo=self.slo,
+                prompt_tokens=call.prompt_tokens,
+                output_tokens=call.output_tokens,
+                arrival_s=now_s,
+                slo_class=self.slo_class,
+                app=self.app,
+                program_id=self.program_id,
+                stage=stage,
+            )
+            for i, call in enumerate(self.stages[stage].calls)
+        ]
+
+
+Workitem = Request | Program
+"""What a workload emits: a single request or a whole compound program."""
+
+
+class Phase(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    RETIRED = "retired"
+
+
+@dataclass(slots=True, eq=False)
+class LiveProgram:
+    program: Program
+    stage: int = 0
+    stage_started_s: float = 0.0
+    open_members: int = 0
+    stage_share: float = 1.0
+    """phi(s): share of the program's time budget used up by the end of this stage."""
+    retired: bool = False
+
+    @property
+    def deadline_abs_s(self) -> float:
+        return self.program.arrival_s + self.program.slo.deadline_s
+
+    @property
+    def stage_deadline_abs_s(self) -> float:
+        return self.program.arrival_s + self.stage_share * self.program.slo.deadline_s
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest:
+    """Mutable state of one request inside an engine. Identity-hashed."""
+
+    req: Request
+    program: LiveProgram | None = None
+    phase: Phase = Phase.WAITING
+    generated: int = 0
+    prefilled: int = 0
+    """Tokens of the current prefill target already computed."""
+    prefill_target: int = 0
+    """Prompt tokens, or prompt + generated when resuming after a recompute preemption."""
+    first_token_s: float | None = None
+    started_s: float | None = None
+    """When the request was first admitted (None: never scheduled)."""
+    preemptions: int = 0
+    frames_waited: int = 0
+    bound: int = 0
+    """Current upper bound on total output tokens (refined as tokens are generated)."""
+    bound_refined_at: int = -1
+    priority: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.prefill_target == 0:
+            self.prefill_target = self.req.prompt_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        return self.req.prompt_tokens + self.generated
+
+    @property
+    def deadline_abs_s(self) -> float:
+        """Absolute time by which this request must finish to earn its goodput.
+
+        Latency requests have no single deadline; this returns the due time of the
+        last token under the current length bound."""
+        if self.program is not None:
+            return self.program.stage_deadline_abs_s
+        slo = self.req.slo
+        if isinstance(slo, LatencySLO):
+            last = max(self.bound, self.generated + 1) - 1
+            return self.req.arrival_s + slo.ttft_s + last * slo.tbt_s
+        return self.req.arrival_s + slo.deadline_s

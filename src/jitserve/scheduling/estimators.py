@@ -1,0 +1,103 @@
+"""Output-length estimators: the scheduler's view of how long a request will run.
+
+A :class:`LengthEstimator` returns an upper bound on a request's *total* output length
+given what it has generated so far; the scheduler calls ``bound`` when a request arrives
+and again every ``refine_every`` generated tokens, and ``observe`` when one finishes.
+Implementations here are in-process and cheap; the analyzer service adds the quantile
+regression forest (``jitserve.analyzer``) behind the same interface.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from collections import deque
+
+from jitserve.requests import Request
+
+DEFAULT_PRIOR_TOKENS = 256
+
+
+class LengthEstimator(ABC):
+    name: str = "estimator"
+
+    @abstractmethod
+    def bound(self, req: Request, generated: int) -> int:
+        """Upper bound on total output tokens; always > ``generated``."""
+
+    def observe(self, req: Request, output_tokens: int) -> None:  # noqa: B027 - optional hook
+        """A request finished with ``output_tokens``; learn from it."""
+
+
+def _cap(req: Request, value: int, generated: int) -> int:
+    bound = max(value, generated + 1)
+    if req.max_tokens is not None:
+        bound = min(bound, req.max_tokens)
+    return max(bound, generated + 1)
+
+
+class OracleEstimator(LengthEstimator):
+    """Exact lengths (simulation only): the oracle baseline's estimator."""
+
+    name = "oracle"
+
+    def bound(self, req: Request, generated: int) -> int:
+        if req.output_tokens is None:
+            raise ValueError(f"request {req.request_id} has no true length; the oracle needs one")
+        return max(req.output_tokens, generated + 1)
+
+
+class MeanEstimator(LengthEstimator):
+    """Global running mean of observed lengths as a point estimate (the paper's
+    "without Request Analyzer" ablation). Once a request outgrows the mean, it is
+    assumed to be about to finish."""
+
+    name = "mean"
+
+    def __init__(self, prior_tokens: int = DEFAULT_PRIOR_TOKENS) -> None:
+        self._total = float(prior_tokens)
+        self._count = 1
+
+    def bound(self, req: Request, generated: int) -> int:
+        return _cap(req, round(self._total / self._count), generated)
+
+    def observe(self, req: Request, output_tokens: int) -> None:
+        self._total += output_tokens
+        self._count += 1
+
+
+class QuantileEstimator(LengthEstimator):
+    """The q-quantile of lengths seen so far (a sliding window), conditioned on the
+    tokens already generated: among past lengths longer than ``generated``, the
+    q-quantile. The bound therefore relaxes toward the truth as generation proceeds."""
+
+    name = "quantile"
+
+    def __init__(self, quantile: float = 0.95, window: int = 4096,
+                 prior: tuple[int, ...] = (64, 128, 256, 512, 1024)) -> None:
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        self.quantile = quantile
+        self._window: deque[int] = deque(maxlen=window)
+        self._sorted: list[int] = []
+        for length in prior:
+            self.observe_length(length)
+
+    def observe_length(self, output_tokens: int) -> None:
+        if len(self._window) == self._window.maxlen:
+            old = self._window[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._window.append(output_tokens)
+        bisect.insort(self._sorted, output_tokens)
+
+    def observe(self, req: Request, output_tokens: int) -> None:
+        self.observe_length(output_tokens)
+
+    def bound(self, req: Request, generated: int) -> int:
+        lengths = self._sorted
+        start = bisect.bisect_right(lengths, generated)
+        tail = len(lengths) - start
+        if tail == 0:
+            return _cap(req, 2 * generated + 1, generated)
+        index = start + min(tail - 1, int(self.quantile * tail))
+        return _cap(req, lengths[index], generated)
