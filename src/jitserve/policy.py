@@ -15,7 +15,10 @@ queue cap, overload action), and the serving sections the operator reads
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
+
+import yaml
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -204,3 +207,21 @@ def load_policy(document: dict[str, Any]) -> SLOPolicySpec:
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
         )
         raise PolicyError(problems) from err
+
+
+def dump_policy_yaml(spec: SLOPolicySpec) -> str:
+    """The sidecar config file body (wire names), as the operator writes it to a ConfigMap."""
+    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+
+
+def load_policy_file(path: str | Path) -> SLOPolicySpec:
+    """Read and validate a YAML or JSON policy file; PolicyError names what is wrong."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise PolicyError(f"cannot read policy file {path}: {err}") from err
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise PolicyError(f"policy file {path}: top level must be a mapping")
+    return load_policy(document)

@@ -29,6 +29,10 @@ class Request:
     max_tokens: int | None = None
     slo_class: str = "default"
     app: str = "chat"
+    """Application / endpoint tag (a length-predictor feature)."""
+    model: str = "default"
+    prompt_text: str | None = None
+    """The prompt, when known (the sidecar has it; simulated workloads do not)."""
     program_id: str | None = None
     stage: int = 0
 

@@ -13,7 +13,7 @@ import bisect
 from abc import ABC, abstractmethod
 from collections import deque
 
-from jitserve.requests import Request
+from jitserve.requests import Program, Request
 
 DEFAULT_PRIOR_TOKENS = 256
 
@@ -101,3 +101,55 @@ class QuantileEstimator(LengthEstimator):
             return _cap(req, 2 * generated + 1, generated)
         index = start + min(tail - 1, int(self.quantile * tail))
         return _cap(req, lengths[index], generated)
+
+
+class StageShareEstimator(ABC):
+    """phi(s) for compound programs: the share of the program's time budget that should
+    be used up when stage ``stage`` (0-based) ends. The scheduler sets the stage
+    sub-deadline to ``phi(s) * D``."""
+
+    name: str = "stage-share"
+
+    @abstractmethod
+    def stage_share(self, program: Program, stage: int) -> float:
+        """A value in (0, 1], non-decreasing in ``stage``; 1 for the last stage."""
+
+    def observe_program(self, program: Program, stage_seconds: list[float]) -> None:  # noqa: B027
+        """A program finished; ``stage_seconds[s]`` is how long stage s took (incl. tools)."""
+
+
+class UniformStageShare(StageShareEstimator):
+    """No history: assume the program has as many stages as the longest seen, each
+    taking an equal share (until the last known stage, which gets the rest)."""
+
+    name = "uniform"
+
+    def __init__(self, expected_stages: int = 4) -> None:
+        self.expected_stages = expected_stages
+
+    def stage_share(self, program: Program, stage: int) -> float:
+        return min(1.0, (stage + 1) / max(self.expected_stages, stage + 1))
+
+    def observe_program(self, program: Program, stage_seconds: list[float]) -> None:
+        self.expected_stages = max(self.expected_stages, len(stage_seconds))
+
+
+class OracleStageShare(StageShareEstimator):
+    """Exact program graph (simulation only): the share of the program's ideal
+    execution time (prefill + decode of the longest call per stage + tool time) that is
+    done by the end of each stage."""
+
+    name = "oracle"
+
+    def __init__(self, prefill_s_per_token: float = 1e-4, decode_s_per_token: float = 0.03) -> None:
+        self.prefill_s_per_token = prefill_s_per_token
+        self.decode_s_per_token = decode_s_per_token
+
+    def stage_share(self, program: Program, stage: int) -> float:
+        times = [
+            max(c.prompt_tokens * self.prefill_s_per_token + c.output_tokens * self.decode_s_per_token
+                for c in s.calls) + s.tool_s
+            for s in program.stages
+        ]
+        total = sum(times)
+        return 1.0 if stage >= len(times) - 1 or total <= 0 else sum(times[: stage + 1]) / total
