@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # (subcommand, module exposing ``register(subparsers)``, help shown when it cannot load)
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("bench", "jitserve.sim.bench"),
+    ("operator", "jitserve.operator.cli"),
+    ("crd", "jitserve.operator.crd"),
 )
 
 

@@ -1,0 +1,436 @@
+"""Pure functions from an ``SLOPolicy`` to each child object (plain dicts, wire format).
+
+Nothing here talks to a cluster. Rules the tests pin down:
+- the pod template depends only on the serving fields (``model``, ``sidecar``) and the
+  operator's images, never on scheduler/fairness/SLO/admission settings, so tuning ``p``
+  or ``f`` changes only the ConfigMap, which the sidecar hot-reloads (no restart);
+- every object carries the same labels and an ownerReference to its policy (the analyzer
+  objects: one to every policy in the namespace, so the garbage collector removes them
+  with the last one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jitserve import __version__
+from jitserve.operator import constants as c
+from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+
+JSON = dict[str, Any]
+
+
+class OperatorSettings(BaseModel):
+    """Operator-wide settings (flags / environment of ``jitserve operator``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sidecar_image: str = f"jitserve/sidecar:{__version__}"
+    analyzer_image: str = f"jitserve/analyzer:{__version__}"
+    image_pull_policy: str = Field(default="IfNotPresent", pattern=r"^(Always|IfNotPresent|Never)$")
+    analyzer_storage: str = "1Gi"
+    analyzer_storage_class: str | None = None
+    status_interval_seconds: float = Field(default=15.0, gt=0)
+    scrape_timeout_seconds: float = Field(default=2.0, gt=0)
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """Identity of an SLOPolicy object, as children need it."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self, *, controller: bool = True) -> JSON:
+        ref: JSON = {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": self.name,
+            "uid": self.uid,
+        }
+        if controller:
+            ref["controller"] = True
+            ref["blockOwnerDeletion"] = True
+        return ref
+
+
+MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
+
+
+def name_problems(name: str) -> list[str]:
+    """Child names are DNS labels derived from the policy name."""
+    if len(name) > MAX_NAME:
+        return [f"metadata.name: at most {MAX_NAME} characters (children are named after it)"]
+    if "." in name:
+        return ["metadata.name: must not contain '.' (children are Services, DNS labels)"]
+    return []
+
+
+def labels(policy: str, component: str) -> dict[str, str]:
+    return {
+        c.LABEL_NAME: "jitserve",
+        c.LABEL_INSTANCE: policy,
+        c.LABEL_COMPONENT: component,
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_POLICY: policy,
+    }
+
+
+def selector_labels(policy: str) -> dict[str, str]:
+    return {c.LABEL_POLICY: policy, c.LABEL_COMPONENT: "serving"}
+
+
+def selector_string(policy: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(policy).items()))
+
+
+def config_map_name(policy: str) -> str:
+    return f"{policy}-config"
+
+
+def _meta(ref: PolicyRef, name: str, component: str) -> JSON:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": labels(ref.name, component),
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def build_config_map(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
+    """The sidecar's config file, ``policy.yaml`` = :func:`dump_policy_yaml`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ref, config_map_name(ref.name), "config"),
+        "data": {c.CONFIG_KEY: dump_policy_yaml(spec)},
+    }
+
+
+def _resources(cpu: str, memory: str, extra_limits: dict[str, str] | None = None) -> JSON:
+    limits = {"cpu": cpu, "memory": memory, **(extra_limits or {})}
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+}
+
+
+def analyzer_address(namespace: str) -> str:
+    return f"{c.ANALYZER_NAME}.{namespace}.svc:{c.ANALYZER_PORT}"
+
+
+def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSettings) -> JSON:
+    """vLLM + scheduler sidecar. Reads only ``spec.model``, ``spec.sidecar`` and settings."""
+    model = spec.model
+    side = spec.sidecar
+    vllm_args = [
+        "--model",
+        model.name,
+        "--served-model-name",
+        model.name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(model.port),
+        "--scheduling-policy",
+        "priority",
+        *model.args,
+    ]
+    gpu_limits = {model.gpu_resource: str(model.gpus)} if model.gpus > 0 else {}
+    vllm: JSON = {
+        "name": "vllm",
+        "image": model.image,
+        "imagePullPolicy": model.image_pull_policy.value,
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": vllm_args,
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *({"name": e.name, "value": e.value} for e in model.env),
+        ],
+        "ports": [{"name": "vllm", "containerPort": model.port, "protocol": "TCP"}],
+        "resources": _resources(model.cpu, model.memory, gpu_limits),
+        # Model loading can take long: the startup probe allows startupSeconds, then
+        # liveness takes over. Readiness is the sidecar's (it checks vLLM).
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "vllm"},
+            "periodSeconds": 10,
+            "failureThreshold": max(1, model.startup_seconds // 10),
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "vllm"},
+            "periodSeconds": 20,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "securityContext": dict(_CONTAINER_SECURITY),
+        "volumeMounts": [
+            {"name": "cache", "mountPath": "/cache"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    sidecar: JSON = {
+        "name": "sidecar",
+        "image": settings.sidecar_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": [
+            "sidecar",
+            "--config",
+            f"{c.CONFIG_DIR}/{c.CONFIG_KEY}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(side.port),
+            "--vllm-url",
+            f"http://127.0.0.1:{model.port}",
+            "--analyzer",
+            analyzer_address(ref.namespace),
+        ],
+        "ports": [{"name": "http", "containerPort": side.port, "protocol": "TCP"}],
+        "resources": _resources(side.cpu, side.memory),
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        # A directory mount (not subPath) so the kubelet updates the file in place and
+        # the sidecar hot-reloads it.
+        "volumeMounts": [{"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True}],
+    }
+    return {
+        "metadata": {
+            "labels": {**labels(ref.name, "serving"), **selector_labels(ref.name)},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(side.port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "runAsGroup": 1000,
+                "fsGroup": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 60,
+            "containers": [vllm, sidecar],
+            "volumes": [
+                {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
+                {"name": "cache", "emptyDir": {}},
+                {"name": "tmp", "emptyDir": {}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": model.shm_size}},
+            ],
+        },
+    }
+
+
+def build_deployment(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSettings) -> JSON:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ref, ref.name, "serving"),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(ref.name)},
+            # One GPU pod at a time: never ask for a surge replica's accelerators.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": build_pod_template(ref, spec, settings),
+        },
+    }
+
+
+def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, ref.name, "serving"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(ref.name),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_ingress(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
+    ing = spec.ingress
+    if ing is None:
+        return None
+    rule: JSON = {
+        "http": {
+            "paths": [
+                {
+                    "path": ing.path,
+                    "pathType": "Prefix",
+                    "backend": {"service": {"name": ref.name, "port": {"name": "http"}}},
+                }
+            ]
+        }
+    }
+    if ing.host:
+        rule["host"] = ing.host
+    body: JSON = {"rules": [rule]}
+    if ing.class_name:
+        body["ingressClassName"] = ing.class_name
+    if ing.tls_secret and ing.host:
+        body["tls"] = [{"hosts": [ing.host], "secretName": ing.tls_secret}]
+    meta = _meta(ref, ref.name, "ingress")
+    if ing.annotations:
+        meta["annotations"] = dict(sorted(ing.annotations.items()))
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": meta, "spec": body}
+
+
+def build_policy_children(
+    ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSettings
+) -> list[JSON]:
+    """The per-policy children in creation order (config first: the pods mount it)."""
+    children = [
+        build_config_map(ref, spec),
+        build_service(ref, spec),
+        build_deployment(ref, spec, settings),
+    ]
+    ingress = build_ingress(ref, spec)
+    if ingress is not None:
+        children.append(ingress)
+    return children
+
+
+# --- the namespace's shared analyzer ------------------------------------------------------
+
+
+def _analyzer_meta(namespace: str, owners: list[PolicyRef]) -> JSON:
+    return {
+        "name": c.ANALYZER_NAME,
+        "namespace": namespace,
+        "labels": {
+            c.LABEL_NAME: "jitserve",
+            c.LABEL_INSTANCE: c.ANALYZER_NAME,
+            c.LABEL_COMPONENT: "analyzer",
+            c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        },
+        "ownerReferences": [
+            o.owner_reference(controller=False) for o in sorted(owners, key=lambda o: o.uid)
+        ],
+    }
+
+
+def analyzer_selector() -> dict[str, str]:
+    return {c.LABEL_INSTANCE: c.ANALYZER_NAME, c.LABEL_COMPONENT: "analyzer"}
+
+
+def build_analyzer_children(
+    namespace: str, owners: list[PolicyRef], settings: OperatorSettings
+) -> list[JSON]:
+    """PVC (pattern-graph and length history), Deployment and Service of the analyzer.
+
+    Owned by every policy in the namespace, none of them the controller: the garbage
+    collector deletes them only when the last owner is gone.
+    """
+    meta = _analyzer_meta(namespace, owners)
+    pvc_spec: JSON = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": settings.analyzer_storage}},
+    }
+    if settings.analyzer_storage_class:
+        pvc_spec["storageClassName"] = settings.analyzer_storage_class
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": pvc_spec}
+    container: JSON = {
+        "name": "analyzer",
+        "image": settings.analyzer_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": [
+            "analyzer",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(c.ANALYZER_PORT),
+            "--metrics-port",
+            str(c.ANALYZER_METRICS_PORT),
+            "--state-dir",
+            "/var/lib/jitserve-analyzer",
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": c.ANALYZER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": c.ANALYZER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources("1", "2Gi"),
+        # tcpSocket, not grpc: gRPC probes need Kubernetes 1.24+.
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 20},
+        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "state", "mountPath": "/var/lib/jitserve-analyzer"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": analyzer_selector()},
+            # One writer of the volume at a time.
+            "strategy": {"type": "Recreate"},
+            "template": {
+                "metadata": {"labels": {**meta["labels"], **analyzer_selector()}},
+                "spec": {
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "fsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "state", "persistentVolumeClaim": {"claimName": c.ANALYZER_NAME}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": analyzer_selector(),
+            "ports": [
+                {"name": "grpc", "port": c.ANALYZER_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": c.ANALYZER_METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+    return [pvc, service, deployment]

@@ -1,0 +1,113 @@
+"""``jitserve operator``: run the SLOPolicy operator (kopf)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from jitserve.operator.builders import OperatorSettings
+
+FAULT_ENV = "JITSERVE_OPERATOR_FAULT_EXIT_AFTER_WRITES"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    env = os.environ.get
+    defaults = OperatorSettings()
+    p = subparsers.add_parser(
+        "operator",
+        help="run the SLOPolicy Kubernetes operator",
+        description="Watch SLOPolicy objects and manage their vLLM + sidecar Deployments, "
+        "Services, ConfigMaps, Ingresses and the per-namespace analyzer. Uses the in-cluster "
+        "service account inside a pod, else KUBECONFIG / ~/.kube/config.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace (or glob pattern) to watch; repeatable; default: all",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG)")
+    p.add_argument("--sidecar-image", default=env("JITSERVE_SIDECAR_IMAGE", defaults.sidecar_image))
+    p.add_argument(
+        "--analyzer-image", default=env("JITSERVE_ANALYZER_IMAGE", defaults.analyzer_image)
+    )
+    p.add_argument(
+        "--image-pull-policy",
+        default=env("JITSERVE_IMAGE_PULL_POLICY", defaults.image_pull_policy),
+        choices=["Always", "IfNotPresent", "Never"],
+    )
+    p.add_argument(
+        "--analyzer-storage", default=env("JITSERVE_ANALYZER_STORAGE", defaults.analyzer_storage)
+    )
+    p.add_argument(
+        "--analyzer-storage-class", default=env("JITSERVE_ANALYZER_STORAGE_CLASS") or None
+    )
+    p.add_argument(
+        "--status-interval",
+        type=float,
+        default=float(env("JITSERVE_STATUS_INTERVAL", str(defaults.status_interval_seconds))),
+        help="seconds between status refreshes (metrics scrape, drift check)",
+    )
+    p.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve a liveness endpoint, e.g. http://0.0.0.0:8081/healthz",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jitserve.cli import CLIError
+
+    try:
+        settings = OperatorSettings(
+            sidecar_image=args.sidecar_image,
+            analyzer_image=args.analyzer_image,
+            image_pull_policy=args.image_pull_policy,
+            analyzer_storage=args.analyzer_storage,
+            analyzer_storage_class=args.analyzer_storage_class,
+            status_interval_seconds=args.status_interval,
+        )
+    except ValueError as err:
+        raise CLIError(str(err)) from err
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("kopf.objects", "kopf._core", "kopf.activities"):
+        logging.getLogger(noisy).setLevel(logging.INFO if args.verbose else logging.WARNING)
+
+    import kopf
+
+    from jitserve.operator.handlers import Controller, make_registry
+    from jitserve.operator.kube import ExitAfterWrites, Kube, KubeError, RestKube
+
+    try:
+        kube: Kube = RestKube.from_environment(args.kubeconfig)
+    except Exception as err:  # kubeconfig missing or unreadable
+        raise CLIError(f"cannot load Kubernetes credentials: {err}") from err
+    fault = os.environ.get(FAULT_ENV)
+    if fault:
+        kube = ExitAfterWrites(kube, int(fault))
+    controller = Controller(kube, settings)
+    registry = make_registry(controller)
+    namespaces = list(args.namespace)
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=args.liveness,
+        )
+    except KubeError as err:
+        raise CLIError(str(err)) from err
+    return 0

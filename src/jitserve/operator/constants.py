@@ -1,0 +1,35 @@
+"""Names shared by the CRD, the builders and the handlers."""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "jitserve.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "SLOPolicy"
+PLURAL: Final = "slopolicies"
+SINGULAR: Final = "slopolicy"
+SHORT_NAMES: Final = ("slop",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+FIELD_MANAGER: Final = "jitserve-operator"
+MANAGED_BY: Final = "jitserve-operator"
+
+# Labels on every child object.
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_POLICY: Final = f"{GROUP}/policy"
+
+# Annotation on an SLOPolicy: extra sidecar metrics URLs to scrape (comma separated),
+# for sidecars the operator cannot discover as pods (out-of-cluster, or tests).
+ANNOTATION_METRICS_TARGETS: Final = f"{GROUP}/metrics-targets"
+
+CONFIG_KEY: Final = "policy.yaml"
+CONFIG_DIR: Final = "/etc/jitserve"
+
+ANALYZER_NAME: Final = "jitserve-analyzer"
+ANALYZER_PORT: Final = 50051
+ANALYZER_METRICS_PORT: Final = 9090

@@ -1,0 +1,112 @@
+"""kopf entry points. Each handler is a line or two: the work is in :mod:`reconcile`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from jitserve.operator import constants as c
+from jitserve.operator.builders import OperatorSettings
+from jitserve.operator.kube import Kube, KubeError
+from jitserve.operator.reconcile import Outcome, Scraper, reconcile
+
+log = logging.getLogger("jitserve.operator")
+
+POLICY = (c.GROUP, c.VERSION, c.PLURAL)
+# Children whose changes (drift, rollout progress, deletion) re-reconcile their owner.
+CHILDREN = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("", "v1", "persistentvolumeclaims"),
+    ("networking.k8s.io", "v1", "ingresses"),
+)
+MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
+
+
+class Controller:
+    """Serialises reconciles per policy (kopf runs sync handlers in a thread pool)."""
+
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings, scraper: Scraper | None = None
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.scraper = scraper or Scraper(timeout_s=settings.scrape_timeout_seconds)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def reconcile(self, namespace: str, name: str, *, scrape: bool = False) -> Outcome | None:
+        with self._lock(f"{namespace}/{name}"):
+            body = self.kube.get(c.API_VERSION, c.KIND, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None
+            out = reconcile(self.kube, body, self.settings, self.scraper if scrape else None)
+        if out.writes:
+            log.info("%s/%s: %s", namespace, name, "; ".join(out.writes))
+        return out
+
+    def owners_changed(self, child: dict[str, Any]) -> None:
+        meta = child.get("metadata") or {}
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("apiVersion") == c.API_VERSION and owner.get("kind") == c.KIND:
+                self.reconcile(str(meta["namespace"]), str(owner["name"]))
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.scraper.forget(f"{namespace}/{name}")
+
+
+def _raise_on_errors(out: Outcome | None) -> None:
+    if out is not None and out.errors:
+        raise kopf.TemporaryError("; ".join(out.errors), delay=5)
+
+
+def make_registry(controller: Controller) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    interval = controller.settings.status_interval_seconds
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=c.GROUP, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.execution.max_workers = 8
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.resume(*POLICY, registry=registry)
+    @kopf.on.create(*POLICY, registry=registry)
+    @kopf.on.update(*POLICY, registry=registry)
+    def policy_changed(namespace: str | None, name: str, **_: Any) -> None:
+        _raise_on_errors(controller.reconcile(namespace or "", name))
+
+    @kopf.timer(*POLICY, interval=interval, initial_delay=min(interval, 1.0), registry=registry)
+    def policy_resync(namespace: str | None, name: str, **_: Any) -> None:
+        controller.reconcile(namespace or "", name, scrape=True)
+
+    @kopf.on.delete(*POLICY, optional=True, registry=registry)
+    def policy_deleted(namespace: str | None, name: str, **_: Any) -> None:
+        # Children go by ownerReference (the garbage collector); forget scrape state.
+        controller.forget(namespace or "", name)
+
+    for group, version, plural in CHILDREN:
+
+        @kopf.on.event(group, version, plural, labels=MANAGED, registry=registry)
+        def child_event(body: kopf.Body, **_: Any) -> None:
+            try:
+                controller.owners_changed(dict(body))
+            except KubeError as err:
+                log.warning("child event: %s", err)
+
+    return registry

@@ -1,0 +1,274 @@
+"""Pure functions that compute an SLOPolicy's ``status``.
+
+Inputs: the policy's generation, spec problems, the live Deployment, and the samples
+scraped from the sidecars' ``/metrics`` (the sidecar metrics contract):
+
+- ``jitserve_requests_total{tenant,kind,slo_class,outcome}``, outcome in
+  met|missed|retired|cancelled|error; attainment per kind = met / (met+missed+retired);
+- ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``: goodput tokens, a counter;
+- ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from jitserve.policy import Attainment, Condition, ConditionType, SLOPolicyStatus
+
+JSON = dict[str, Any]
+
+_COUNTED = ("met", "missed", "retired")
+_KIND_FIELDS = {
+    "latency": "latency",
+    "deadline": "deadline",
+    "compound": "compound",
+    "best_effort": "best_effort",
+}
+
+
+@dataclass
+class SidecarSample:
+    """What one sidecar's ``/metrics`` said."""
+
+    outcomes: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, outcome) -> count
+    goodput_tokens: float = 0.0
+    effective_cutoff: float | None = None
+
+
+def parse_metrics(text: str) -> SidecarSample:
+    """Parse a Prometheus text exposition into the figures the status needs."""
+    sample = SidecarSample()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "jitserve_requests_total":
+                key = (s.labels.get("kind", ""), s.labels.get("outcome", ""))
+                sample.outcomes[key] = sample.outcomes.get(key, 0.0) + float(s.value)
+            elif s.name == "jitserve_goodput_tokens_total":
+                sample.goodput_tokens += float(s.value)
+            elif s.name == "jitserve_effective_cutoff":
+                sample.effective_cutoff = float(s.value)
+    return sample
+
+
+def attainment(samples: Iterable[SidecarSample]) -> Attainment | None:
+    """met / (met + missed + retired) per kind and overall, summed over sidecars."""
+    totals: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        for key, value in sample.outcomes.items():
+            totals[key] = totals.get(key, 0.0) + value
+    if not totals:
+        return None
+    values: dict[str, float | None] = {}
+    all_met = all_counted = 0.0
+    for kind, name in _KIND_FIELDS.items():
+        met = totals.get((kind, "met"), 0.0)
+        counted = sum(totals.get((kind, o), 0.0) for o in _COUNTED)
+        values[name] = round(met / counted, 4) if counted > 0 else None
+        all_met += met
+        all_counted += counted
+    values["overall"] = round(all_met / all_counted, 4) if all_counted > 0 else None
+    return Attainment(**values)
+
+
+def goodput_rate(
+    previous: Mapping[str, tuple[float, float]], current: Mapping[str, tuple[float, float]]
+) -> float | None:
+    """Goodput tokens/s summed over sidecars, from two scrapes ``target -> (time, total)``.
+
+    A target seen only once contributes nothing; a counter that went down (pod restart)
+    counts from zero.
+    """
+    rate = 0.0
+    seen = False
+    for target, (t1, v1) in current.items():
+        if target not in previous:
+            continue
+        t0, v0 = previous[target]
+        if t1 <= t0:
+            continue
+        seen = True
+        delta = v1 - v0 if v1 >= v0 else v1
+        rate += delta / (t1 - t0)
+    return round(rate, 3) if seen else None
+
+
+def merge_conditions(old: Iterable[Mapping[str, Any]], new: list[Condition]) -> list[Condition]:
+    """Keep ``lastTransitionTime`` of conditions whose status did not change."""
+    previous = {str(o.get("type")): o for o in old}
+    merged: list[Condition] = []
+    for cond in new:
+        before = previous.get(cond.type.value)
+        if (
+            before is not None
+            and before.get("status") == cond.status
+            and before.get("lastTransitionTime")
+        ):
+            cond = cond.model_copy(
+                update={"last_transition_time": str(before["lastTransitionTime"])}
+            )
+        merged.append(cond)
+    return merged
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    replicas: int
+    ready: int
+    updated: int
+    available: int
+    observed_current: bool
+
+
+def rollout_state(deployment: JSON | None) -> RolloutState | None:
+    if deployment is None:
+        return None
+    status = deployment.get("status") or {}
+    generation = int(deployment.get("metadata", {}).get("generation", 0))
+    return RolloutState(
+        replicas=int(deployment.get("spec", {}).get("replicas", 1)),
+        ready=int(status.get("readyReplicas", 0)),
+        updated=int(status.get("updatedReplicas", 0)),
+        available=int(status.get("availableReplicas", 0)),
+        observed_current=int(status.get("observedGeneration", 0)) >= generation,
+    )
+
+
+def conditions(
+    *,
+    generation: int,
+    problems: list[str],
+    errors: list[str],
+    rollout: RolloutState | None,
+    now: str,
+) -> list[Condition]:
+    """Ready / Progressing / Degraded from spec problems, apply errors and the rollout."""
+
+    def cond(kind: ConditionType, ok: bool, reason: str, message: str) -> Condition:
+        return Condition(
+            type=kind,
+            status="True" if ok else "False",
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+
+    if problems:
+        degraded = cond(ConditionType.DEGRADED, True, "InvalidSpec", "; ".join(problems))
+    elif errors:
+        degraded = cond(ConditionType.DEGRADED, True, "ApplyFailed", "; ".join(errors))
+    else:
+        degraded = cond(ConditionType.DEGRADED, False, "AsExpected", "")
+
+    if rollout is None:
+        ready = cond(
+            ConditionType.READY, False, "NoDeployment", "the serving Deployment does not exist yet"
+        )
+        progressing = (
+            cond(ConditionType.PROGRESSING, False, "InvalidSpec", "fix the spec to continue")
+            if problems
+            else cond(
+                ConditionType.PROGRESSING, True, "Creating", "creating the serving Deployment"
+            )
+        )
+        return [ready, progressing, degraded]
+
+    done = (
+        rollout.observed_current
+        and rollout.updated >= rollout.replicas
+        and rollout.ready >= rollout.replicas
+        and rollout.available >= rollout.replicas
+    )
+    counts = f"{rollout.ready}/{rollout.replicas} replicas ready, {rollout.updated} updated"
+    if done:
+        ready = cond(
+            ConditionType.READY, True, "Available" if rollout.replicas else "ScaledToZero", counts
+        )
+    else:
+        ready = cond(ConditionType.READY, False, "WaitingForReplicas", counts)
+    if problems:
+        progressing = cond(
+            ConditionType.PROGRESSING, False, "InvalidSpec", "fix the spec to continue"
+        )
+    elif done:
+        progressing = cond(ConditionType.PROGRESSING, False, "RolloutComplete", counts)
+    else:
+        progressing = cond(ConditionType.PROGRESSING, True, "RollingOut", counts)
+    return [ready, progressing, degraded]
+
+
+def build_status(
+    *,
+    old_status: Mapping[str, Any],
+    generation: int,
+    problems: list[str],
+    errors: list[str],
+    deployment: JSON | None,
+    selector: str,
+    samples: list[SidecarSample] | None,
+    goodput_per_s: float | None,
+    now: str,
+) -> JSON:
+    """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics."""
+    rollout = rollout_state(deployment)
+    conds = merge_conditions(
+        old_status.get("conditions") or [],
+        conditions(
+            generation=generation, problems=problems, errors=errors, rollout=rollout, now=now
+        ),
+    )
+    model = SLOPolicyStatus(
+        observed_generation=generation if not problems else old_status.get("observedGeneration"),
+        conditions=conds,
+        replicas=rollout.replicas if rollout else 0,
+        ready_replicas=rollout.ready if rollout else 0,
+        selector=selector,
+    )
+    status: JSON = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    metric_keys = (
+        "effectiveCutoff",
+        "attainment",
+        "goodputTokensPerSecond",
+        "scrapedPods",
+        "lastScrapeTime",
+    )
+    if samples is None:
+        for key in metric_keys:
+            if key in old_status:
+                status[key] = old_status[key]
+        return status
+    status["scrapedPods"] = len(samples)
+    if samples:
+        cutoffs = [s.effective_cutoff for s in samples if s.effective_cutoff is not None]
+        if cutoffs:
+            status["effectiveCutoff"] = round(sum(cutoffs) / len(cutoffs), 4)
+        att = attainment(samples)
+        if att is not None:
+            status["attainment"] = att.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if goodput_per_s is not None:
+            status["goodputTokensPerSecond"] = goodput_per_s
+        status["lastScrapeTime"] = now
+    return status
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JSON | None:
+    """A JSON merge patch turning ``old`` into ``new`` (None when they are equal)."""
+    if dict(old) == dict(new):
+        return None
+    patch: JSON = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            patch[key] = status_patch(before, value)
+        else:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch

@@ -1,0 +1,135 @@
+"""Pure builders: spec -> child objects, no cluster."""
+
+from __future__ import annotations
+
+import yaml
+
+from jitserve.operator import builders as b
+from jitserve.operator import constants as c
+from jitserve.policy import SLOPolicySpec, load_policy
+
+REF = b.PolicyRef(name="chat", namespace="team-a", uid="1234")
+SETTINGS = b.OperatorSettings()
+
+
+def spec(**wire: object) -> SLOPolicySpec:
+    return load_policy(dict(wire))
+
+
+def template(s: SLOPolicySpec) -> dict[str, object]:
+    return b.build_deployment(REF, s, SETTINGS)["spec"]["template"]
+
+
+def test_scheduler_fairness_slo_and_tenant_changes_leave_the_pod_template_alone() -> None:
+    base = spec()
+    tuned = spec(
+        scheduler={"cutoff": {"mode": "fixed", "value": 0.5}, "frameSteps": 10},
+        fairness={"weight": 0.7, "tenants": [{"name": "a", "weight": 3}]},
+        sloDefaults={"latency": {"ttftSeconds": 1.0, "tbtSeconds": 0.05}, "deadlineSeconds": 5},
+        admission={"overloadAction": "demote", "queueCap": 10},
+        objective="requests",
+    )
+    assert template(tuned) == template(base)
+    old_cm = b.build_config_map(REF, base)["data"][c.CONFIG_KEY]
+    new_cm = b.build_config_map(REF, tuned)["data"][c.CONFIG_KEY]
+    assert old_cm != new_cm
+    assert yaml.safe_load(new_cm)["scheduler"]["cutoff"]["value"] == 0.5
+    assert yaml.safe_load(new_cm)["fairness"]["weight"] == 0.7
+    # The config file is exactly what the sidecar loads.
+    assert load_policy(yaml.safe_load(new_cm)) == tuned
+
+
+def test_model_image_and_resource_changes_roll_the_pods() -> None:
+    base = template(spec())
+    for change in (
+        {"model": {"name": "meta-llama/Llama-3-8B"}},
+        {"model": {"image": "vllm/vllm-openai:v0.12.0"}},
+        {"model": {"cpu": "8"}},
+        {"model": {"memory": "64Gi"}},
+        {"model": {"gpus": 2}},
+        {"model": {"args": ["--max-model-len", "4096"]}},
+    ):
+        assert template(spec(**change)) != base, change
+
+
+def test_pod_runs_vllm_and_sidecar_non_root_with_probes_and_resources() -> None:
+    s = spec(model={"gpus": 2, "cpu": "8", "memory": "64Gi", "args": ["--dtype", "bfloat16"]})
+    pod = template(s)["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    vllm, sidecar = pod["containers"]
+    assert [vllm["name"], sidecar["name"]] == ["vllm", "sidecar"]
+    for container in (vllm, sidecar):
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert "livenessProbe" in container
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert vllm["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
+    assert vllm["args"][-2:] == ["--dtype", "bfloat16"]
+    assert "startupProbe" in vllm and sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "--config" in sidecar["args"]
+    assert f"{c.CONFIG_DIR}/{c.CONFIG_KEY}" in sidecar["args"]
+    # The config is mounted as a directory (subPath mounts never see updates).
+    mount = sidecar["volumeMounts"][0]
+    assert mount["mountPath"] == c.CONFIG_DIR and "subPath" not in mount
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == b.config_map_name("chat")
+
+
+def test_no_gpu_limit_when_gpus_is_zero() -> None:
+    vllm = template(spec(model={"gpus": 0}))["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in vllm["resources"]["limits"]
+
+
+def test_children_carry_owner_references_labels_and_selectors() -> None:
+    s = spec(ingress={"host": "chat.example.com", "className": "nginx", "tlsSecret": "chat-tls"})
+    children = b.build_policy_children(REF, s, SETTINGS)
+    assert [o["kind"] for o in children] == ["ConfigMap", "Service", "Deployment", "Ingress"]
+    for obj in children:
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": "chat",
+            "uid": "1234",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert obj["metadata"]["labels"][c.LABEL_POLICY] == "chat"
+        assert obj["metadata"]["namespace"] == "team-a"
+    deployment, service = children[2], children[1]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["selector"] == selector
+    ingress = children[3]["spec"]
+    assert ingress["ingressClassName"] == "nginx"
+    assert ingress["tls"] == [{"hosts": ["chat.example.com"], "secretName": "chat-tls"}]
+    assert ingress["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == "chat"
+
+
+def test_no_ingress_without_an_ingress_section() -> None:
+    assert b.build_ingress(REF, spec()) is None
+
+
+def test_analyzer_is_owned_by_every_policy_and_controlled_by_none() -> None:
+    owners = [b.PolicyRef("b", "ns", "u2"), b.PolicyRef("a", "ns", "u1")]
+    objs = b.build_analyzer_children("ns", owners, SETTINGS)
+    assert [o["kind"] for o in objs] == ["PersistentVolumeClaim", "Service", "Deployment"]
+    for obj in objs:
+        refs = obj["metadata"]["ownerReferences"]
+        assert [r["uid"] for r in refs] == ["u1", "u2"]
+        assert not any(r.get("controller") for r in refs)
+    pod = objs[2]["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == c.ANALYZER_NAME
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_sidecar_points_at_the_namespace_analyzer() -> None:
+    sidecar = template(spec())["spec"]["containers"][1]
+    assert b.analyzer_address("team-a") in sidecar["args"]
+
+
+def test_long_or_dotted_policy_names_are_reported() -> None:
+    assert b.name_problems("chat") == []
+    assert "metadata.name" in b.name_problems("x" * 60)[0]
+    assert "metadata.name" in b.name_problems("a.b")[0]

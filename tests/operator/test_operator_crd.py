@@ -1,0 +1,105 @@
+"""The CRD is generated from the pydantic model, structural, and checked in."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jitserve.cli import main
+from jitserve.operator.crd import CRD_FILENAME, crd_object, crd_yaml, structural_schema
+from jitserve.policy import SLOPolicySpec, load_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_crds_dir_matches_the_model() -> None:
+    """Fails when policy.py changed and `jitserve crd --out crds/` was not re-run."""
+    checked_in = (ROOT / "crds" / CRD_FILENAME).read_text()
+    assert checked_in == crd_yaml(), "crds/ drifted from policy.py: run `jitserve crd --out crds/`"
+
+
+def test_chart_ships_the_same_crd() -> None:
+    chart_copy = (ROOT / "charts" / "jitserve" / "crds" / CRD_FILENAME).read_text()
+    assert chart_copy == crd_yaml(), (
+        "charts/jitserve/crds/ drifted: run `jitserve crd --out charts/jitserve/crds/`"
+    )
+
+
+def test_cli_prints_the_crd(capsys: Any) -> None:
+    assert main(["crd"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == crd_object()
+
+
+def _walk(node: Any, path: str = "") -> Any:
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def test_schema_is_structural() -> None:
+    schema = crd_object()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        for forbidden in ("$ref", "$defs", "anyOf", "allOf", "oneOf", "title", "const"):
+            assert forbidden not in node, f"{forbidden} at {path}"
+        if "additionalProperties" in node:
+            assert node["additionalProperties"] is not False and "properties" not in node, path
+        if node.get("type") in ("number", "integer") and "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def test_schema_names_the_issue_fields_with_ranges_and_enums() -> None:
+    spec = crd_object()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props = spec["properties"]
+    cutoff = props["scheduler"]["properties"]["cutoff"]["properties"]["value"]
+    assert (cutoff["minimum"], cutoff["exclusiveMinimum"], cutoff["maximum"]) == (0, True, 1)
+    weight = props["fairness"]["properties"]["weight"]
+    assert (weight["minimum"], weight["maximum"]) == (0, 1)
+    ttft = props["sloDefaults"]["properties"]["latency"]["properties"]["ttftSeconds"]
+    assert ttft["exclusiveMinimum"] is True and ttft["minimum"] == 0
+    assert props["admission"]["properties"]["overloadAction"]["enum"] == ["drop", "demote"]
+    tenants = props["fairness"]["properties"]["tenants"]
+    assert tenants["x-kubernetes-list-type"] == "map" and tenants["items"]["required"] == ["name"]
+    assert props["model"]["properties"]["gpus"]["maximum"] == 16
+    assert props["ingress"]["nullable"] is True
+
+
+def test_subresources_printer_columns_and_short_name() -> None:
+    crd = crd_object()["spec"]
+    version = crd["versions"][0]
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    names = [col["name"] for col in version["additionalPrinterColumns"]]
+    for wanted in ("Ready", "Replicas", "P", "F", "Attainment", "Age"):
+        assert wanted in names
+    assert crd["names"]["shortNames"] == ["slop"]
+
+
+def _apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """The API server's structural defaulting (apiextensions-apiserver's Default())."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for key, prop in schema["properties"].items():
+            if key not in obj and "default" in prop:
+                obj[key] = copy.deepcopy(prop["default"])
+        for key, value in obj.items():
+            if key in schema["properties"]:
+                _apply_defaults(value, schema["properties"][key])
+    elif isinstance(obj, list) and "items" in schema:
+        for item in obj:
+            _apply_defaults(item, schema["items"])
+    return obj
+
+
+def test_server_side_defaults_equal_the_model_defaults() -> None:
+    """An empty spec, defaulted by the CRD schema, is exactly SLOPolicySpec()."""
+    schema = structural_schema(SLOPolicySpec)
+    defaulted = _apply_defaults({}, schema)
+    expected = SLOPolicySpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert defaulted == expected
+    assert load_policy(defaulted) == SLOPolicySpec()
