@@ -124,7 +124,11 @@ class LiveProgram:
     open_members: int = 0
     stage_share: float = 1.0
     """phi(s): share of the program's time budget used up by the end of this stage."""
+    prev_stage_share: float = 0.0
+    """phi(s-1): the share used up when this stage started (0 for the first stage)."""
     retired: bool = False
+    attained_tokens: int = 0
+    """Output tokens of the program's finished calls so far."""
 
     @property
     def deadline_abs_s(self) -> float:
@@ -154,6 +158,8 @@ class LiveRequest:
     frames_waited: int = 0
     bound: int = 0
     """Current upper bound on total output tokens (refined as tokens are generated)."""
+    expected: float = 0.0
+    """Typical total output tokens (expected gain and cost), refined with the bound."""
     bound_refined_at: int = -1
     priority: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)

@@ -34,6 +34,9 @@ class EngineView:
     """Measured time of one decode step at the current load (v_token)."""
     prefill_s_per_token: float
     """Measured (or modelled) prefill time per token, used for preemption cost."""
+    token_s: float = 0.0
+    """Measured engine seconds per batched token (iteration time / tokens in it): the
+    marginal cost of one more prompt or output token when the token budget binds."""
 
 
 @dataclass(slots=True)

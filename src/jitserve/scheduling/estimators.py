@@ -25,6 +25,10 @@ class LengthEstimator(ABC):
     def bound(self, req: Request, generated: int) -> int:
         """Upper bound on total output tokens; always > ``generated``."""
 
+    def expected(self, req: Request, generated: int) -> float:
+        """Typical total output length (for expected gain and cost); default: the bound."""
+        return float(self.bound(req, generated))
+
     def observe(self, req: Request, output_tokens: int) -> None:  # noqa: B027 - optional hook
         """A request finished with ``output_tokens``; learn from it."""
 
@@ -61,6 +65,9 @@ class MeanEstimator(LengthEstimator):
     def bound(self, req: Request, generated: int) -> int:
         return _cap(req, round(self._total / self._count), generated)
 
+    def expected(self, req: Request, generated: int) -> float:
+        return float(self.bound(req, generated))
+
     def observe(self, req: Request, output_tokens: int) -> None:
         self._total += output_tokens
         self._count += 1
@@ -93,14 +100,21 @@ class QuantileEstimator(LengthEstimator):
     def observe(self, req: Request, output_tokens: int) -> None:
         self.observe_length(output_tokens)
 
-    def bound(self, req: Request, generated: int) -> int:
+    def _conditional(self, req: Request, generated: int, quantile: float) -> int:
         lengths = self._sorted
         start = bisect.bisect_right(lengths, generated)
         tail = len(lengths) - start
         if tail == 0:
             return _cap(req, 2 * generated + 1, generated)
-        index = start + min(tail - 1, int(self.quantile * tail))
+        index = start + min(tail - 1, int(quantile * tail))
         return _cap(req, lengths[index], generated)
+
+    def bound(self, req: Request, generated: int) -> int:
+        return self._conditional(req, generated, self.quantile)
+
+    def expected(self, req: Request, generated: int) -> float:
+        """The conditional median."""
+        return float(self._conditional(req, generated, 0.5))
 
 
 class StageShareEstimator(ABC):

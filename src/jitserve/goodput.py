@@ -1,0 +1,139 @@
+"""Goodput and SLO-attainment accounting (DESIGN.md request model table).
+
+| kind        | counts toward goodput when                                                |
+|-------------|---------------------------------------------------------------------------|
+| latency     | output token i (0-based) is delivered by ``arrival + ttft + i * tbt``      |
+| deadline    | all input + output tokens, if the last token is delivered by the deadline |
+| compound    | all tokens of all sub-requests, if the program's last one finishes in time |
+| best effort | as deadline, with the policy's default deadline                           |
+
+A request *meets* its SLO when all its countable tokens count (a latency request: every
+output token on its timeline). Engines report what happened (:class:`Outcome`); the
+:class:`GoodputLedger` aggregates per kind, tenant and SLO class with bounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from jitserve.slo import SLOKind
+
+
+def latency_tokens_on_time(
+    token_times: npt.NDArray[np.float64], first_index: int, arrival_s: float, ttft_s: float, tbt_s: float
+) -> int:
+    """How many of the tokens ``first_index, first_index+1, ...`` delivered at
+    ``token_times`` meet the latency timeline ``arrival + ttft + i * tbt``."""
+    if token_times.size == 0:
+        return 0
+    due = arrival_s + ttft_s + (first_index + np.arange(token_times.size)) * tbt_s
+    return int(np.count_nonzero(token_times <= due + 1e-9))
+
+
+def deadline_goodput(input_tokens: int, output_tokens: int, finish_s: float, deadline_abs_s: float) -> int:
+    return input_tokens + output_tokens if finish_s <= deadline_abs_s + 1e-9 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one finished (or retired) request or compound program earned."""
+
+    tenant: str
+    kind: SLOKind
+    slo_class: str
+    input_tokens: int
+    output_tokens: int
+    goodput_tokens: int
+    met: bool
+    retired: bool = False
+    ttft_s: float | None = None
+    e2el_s: float | None = None
+
+
+class LogHistogram:
+    """Fixed log-spaced buckets (1% wide) from 0.1 ms to ~3 h: percentiles in O(1) memory."""
+
+    LOW = 1e-4
+    GROWTH = 1.01
+    BUCKETS = int(math.log(1e4 / 1e-4) / math.log(1.01)) + 2
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.BUCKETS, dtype=np.int64)
+        self.total = 0
+
+    def _index(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        scaled = np.log(np.maximum(values, self.LOW) / self.LOW) / math.log(self.GROWTH)
+        return np.minimum(scaled.astype(np.int64) + 1, self.BUCKETS - 1)
+
+    def add(self, value: float) -> None:
+        self.counts[int(self._index(np.array([value]))[0])] += 1
+        self.total += 1
+
+    def add_many(self, values: npt.NDArray[np.float64]) -> None:
+        if values.size:
+            self.counts += np.bincount(self._index(values), minlength=self.BUCKETS)
+            self.total += int(values.size)
+
+    def percentile(self, q: float) -> float:
+        if self.total == 0:
+            return math.nan
+        rank = q / 100 * self.total
+        index = int(np.searchsorted(np.cumsum(self.counts), max(rank, 1)))
+        return 0.0 if index == 0 else self.LOW * self.GROWTH ** (index - 0.5)
+
+    def merge(self, other: LogHistogram) -> None:
+        self.counts += other.counts
+        self.total += other.total
+
+
+@dataclass(slots=True)
+class Tally:
+    requests: int = 0
+    met: int = 0
+    retired: int = 0
+    goodput_tokens: int = 0
+    tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, o: Outcome) -> None:
+        self.requests += 1
+        self.met += o.met
+        self.retired += o.retired
+        self.goodput_tokens += o.goodput_tokens
+        self.tokens += o.input_tokens + o.output_tokens
+        self.output_tokens += o.output_tokens
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.requests if self.requests else math.nan
+
+
+@dataclass
+class GoodputLedger:
+    """Aggregates outcomes; memory does not grow with the number of requests."""
+
+    overall: Tally = field(default_factory=Tally)
+    by_kind: dict[SLOKind, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    by_tenant: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    by_class: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    ttft: LogHistogram = field(default_factory=LogHistogram)
+    tbt: LogHistogram = field(default_factory=LogHistogram)
+    e2el: LogHistogram = field(default_factory=LogHistogram)
+
+    def record(self, o: Outcome) -> None:
+        for tally in (self.overall, self.by_kind[o.kind], self.by_tenant[o.tenant], self.by_class[o.slo_class]):
+            tally.add(o)
+        if o.ttft_s is not None:
+            self.ttft.add(o.ttft_s)
+        if o.e2el_s is not None:
+            self.e2el.add(o.e2el_s)
+
+    def attainment(self) -> dict[str, float]:
+        result = {kind.value: tally.attainment for kind, tally in self.by_kind.items()}
+        result["overall"] = self.overall.attainment
+        return result

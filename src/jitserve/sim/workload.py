@@ -1,0 +1,211 @@
+"""Workloads: what arrives, when, with which SLO.
+
+- Lengths come from a replayed trace (``azure-conv``, ``azure-code``: Azure LLM inference
+  trace 2023, bundled under ``jitserve/data/traces`` with attribution) or from
+  log-normal fits to the JITServe paper's Table 2 (``synthetic``).
+- Each work item is a single request (latency or deadline SLO) or a compound program,
+  drawn by the mix ``L:D:C`` (default 1:1:1, paper section 6). Programs are shaped like
+  deep research (plan -> fan-out of searches/reads -> synthesis) or multi-agent chains,
+  with 2-5 stages and tool calls between stages; a program's LLM calls take their
+  lengths from consecutive trace rows.
+- Arrivals: the trace's own timestamps rescaled to the target rate (``trace``), Poisson,
+  or bursty gamma inter-arrivals (CV > 1). Everything is deterministic under a seed.
+
+Workloads are generators: requests are created lazily, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+import numpy as np
+import numpy.typing as npt
+
+from jitserve.policy import SLODefaults
+from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
+from jitserve.slo import SLOKind
+
+TRACES = {"azure-conv": "azure2023_conv.csv", "azure-code": "azure2023_code.csv"}
+ARRIVALS = ("trace", "poisson", "gamma")
+MAX_OUTPUT_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class TraceData:
+    arrival_s: npt.NDArray[np.float64]
+    prompt_tokens: npt.NDArray[np.int64]
+    output_tokens: npt.NDArray[np.int64]
+
+    @property
+    def rate_per_s(self) -> float:
+        span = float(self.arrival_s[-1] - self.arrival_s[0])
+        return (len(self.arrival_s) - 1) / span if span > 0 else math.inf
+
+
+@cache
+def load_trace(name: str) -> TraceData:
+    if name not in TRACES:
+        raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")
+    with (resources.files("jitserve.data") / "traces" / TRACES[name]).open() as handle:
+        rows = list(csv.DictReader(handle))
+    return TraceData(
+        np.array([float(r["arrived_at"]) for r in rows]),
+        np.array([max(1, int(r["num_prefill_tokens"])) for r in rows], dtype=np.int64),
+        np.array([max(1, int(r["num_decode_tokens"])) for r in rows], dtype=np.int64),
+    )
+
+
+def parse_mix(text: str) -> tuple[float, float, float]:
+    """``"1:1:1"`` -> normalised (latency, deadline, compound) shares."""
+    parts = text.split(":")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 3 or any(v < 0 or not math.isfinite(v) for v in values) or sum(values) <= 0:
+        raise ValueError(f"--mix must be three non-negative numbers L:D:C with a positive sum, got {text!r}")
+    total = sum(values)
+    return (values[0] / total, values[1] / total, values[2] / total)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    trace: str = "azure-conv"
+    """``azure-conv``, ``azure-code`` or ``synthetic`` (paper Table 2 fits)."""
+    mix: tuple[float, float, float] = (1 / 3, 1 / 3, 1 / 3)
+    arrival: str = "trace"
+    rate_per_s: float | None = None
+    """Target work-item rate; None keeps the trace's own (synthetic: 5/s)."""
+    duration_s: float = 600.0
+    seed: int = 1
+    tenants: tuple[str, ...] = ("tenant-a", "tenant-b", "tenant-c")
+    burst_cv: float = 2.0
+    slo: SLODefaults = field(default_factory=SLODefaults)
+
+    def __post_init__(self) -> None:
+        if self.trace not in (*TRACES, "synthetic"):
+            raise ValueError(f"unknown trace {self.trace!r}; known: {', '.join((*TRACES, 'synthetic'))}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVALS)}")
+        if self.arrival == "trace" and self.trace == "synthetic":
+            raise ValueError("arrival 'trace' needs a trace; use poisson or gamma with the synthetic workload")
+        if self.duration_s <= 0:
+            raise ValueError(f"duration must be positive, got {self.duration_s}")
+        if self.rate_per_s is not None and not self.rate_per_s > 0:
+            raise ValueError(f"rate must be positive, got {self.rate_per_s}")
+
+
+def _lognormal(rng: np.random.Generator, median: float, mean: float, low: int, high: int) -> int:
+    sigma = math.sqrt(2 * math.log(max(mean / median, 1.0001)))
+    return int(np.clip(round(rng.lognormal(math.log(median), sigma)), low, high))
+
+
+class _Lengths:
+    """Source of (prompt, output) pairs: trace rows in order (wrapping), or Table 2 fits."""
+
+    def __init__(self, spec: WorkloadSpec, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.trace = None if spec.trace == "synthetic" else load_trace(spec.trace)
+        self.row = 0
+
+    def single(self) -> tuple[int, int]:
+        if self.trace is None:  # Table 2, Chatbot / single
+            return _lognormal(self.rng, 27, 93, 1, 8192), _lognormal(self.rng, 225, 318, 1, MAX_OUTPUT_TOKENS)
+        n = len(self.trace.arrival_s)
+        i = self.row % n
+        self.row += 1
+        return int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i])
+
+    def call(self, calls_in_program: int) -> tuple[int, int]:
+        if self.trace is None:  # Table 2, Deep Research / compound, split over its calls
+            prompt = _lognormal(self.rng, 10807, 12223, 16, 64000) // calls_in_program
+            output = _lognormal(self.rng, 3148, 3541, 4, 4 * MAX_OUTPUT_TOKENS) // calls_in_program
+            return max(prompt, 1), max(output, 1)
+        return self.single()
+
+
+def _program_shape(rng: np.random.Generator) -> list[int]:
+    """Calls per stage: deep research (1, fan-out, [fan-out], 1) or a multi-agent chain."""
+    if rng.random() < 0.5:
+        fanouts = [int(rng.integers(2, 5)) for _ in range(int(rng.integers(1, 3)))]
+        return [1, *fanouts, 1]
+    return [1] * int(rng.integers(2, 6))
+
+
+def _arrival_gaps(spec: WorkloadSpec, rng: np.random.Generator, rate: float) -> Iterator[float]:
+    if spec.arrival == "trace":
+        trace = load_trace(spec.trace)
+        # Rescale so that the replayed window itself arrives at ``rate``: the trace's rate
+        # varies (its first 10 minutes run 14% below its hourly mean), so scaling by the
+        # whole trace's mean would under-load short runs.
+        wanted = int(rate * spec.duration_s)
+        if 0 < wanted < len(trace.arrival_s):
+            scale = spec.duration_s / float(trace.arrival_s[wanted] - trace.arrival_s[0])
+        else:
+            scale = trace.rate_per_s / rate
+        gaps = np.diff(trace.arrival_s) * scale
+        i = 0
+        while True:
+            yield float(gaps[i % len(gaps)])
+            i += 1
+    elif spec.arrival == "poisson":
+        while True:
+            yield float(rng.exponential(1 / rate))
+    else:
+        shape = 1 / spec.burst_cv**2
+        while True:
+            yield float(rng.gamma(shape, 1 / (rate * shape)))
+
+
+def native_rate(spec: WorkloadSpec) -> float:
+    """Work items per second of the trace as recorded (or 5/s for synthetic)."""
+    return 5.0 if spec.trace == "synthetic" else load_trace(spec.trace).rate_per_s
+
+
+def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
+    """Work items in arrival order, lazily."""
+    rng = np.random.default_rng(spec.seed)
+    lengths = _Lengths(spec, np.random.default_rng(spec.seed + 7919))
+    rate = spec.rate_per_s or native_rate(spec)
+    kinds = (SLOKind.LATENCY, SLOKind.DEADLINE, SLOKind.COMPOUND)
+    now = 0.0
+    for index, gap in enumerate(_arrival_gaps(spec, rng, rate)):
+        if index:
+            now += gap
+        if now > spec.duration_s:
+            return
+        kind = kinds[int(rng.choice(3, p=spec.mix))]
+        tenant = spec.tenants[int(rng.integers(len(spec.tenants)))]
+        if kind is SLOKind.COMPOUND:
+            yield _program(spec, rng, lengths, index, tenant, now)
+            continue
+        prompt, output = lengths.single()
+        yield Request(
+            request_id=f"r{index}", tenant=tenant, slo=spec.slo.slo_for(kind), prompt_tokens=prompt,
+            output_tokens=output, arrival_s=now, slo_class=kind.value,
+            app="chat" if kind is SLOKind.LATENCY else "batch",
+        )
+
+
+def _program(spec: WorkloadSpec, rng: np.random.Generator, lengths: _Lengths, index: int,
+             tenant: str, now: float) -> Program:
+    shape = _program_shape(rng)
+    calls = sum(shape)
+    stages = tuple(
+        Stage(
+            calls=tuple(LLMCall(*lengths.call(calls)) for _ in range(width)),
+            tool_s=float(rng.lognormal(math.log(1.0), 0.6)) if s < len(shape) - 1 else 0.0,
+            tool="search" if width > 1 else "code",
+        )
+        for s, width in enumerate(shape)
+    )
+    return Program(
+        program_id=f"p{index}", tenant=tenant, arrival_s=now,
+        slo=spec.slo.slo_for(SLOKind.COMPOUND, stages=len(stages)),  # type: ignore[arg-type]
+        stages=stages, slo_class="compound",
+    )
