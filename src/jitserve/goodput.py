@@ -25,7 +25,11 @@ from jitserve.slo import SLOKind
 
 
 def latency_tokens_on_time(
-    token_times: npt.NDArray[np.float64], first_index: int, arrival_s: float, ttft_s: float, tbt_s: float
+    token_times: npt.NDArray[np.float64],
+    first_index: int,
+    arrival_s: float,
+    ttft_s: float,
+    tbt_s: float,
 ) -> int:
     """How many of the tokens ``first_index, first_index+1, ...`` delivered at
     ``token_times`` meet the latency timeline ``arrival + ttft + i * tbt``."""
@@ -35,7 +39,9 @@ def latency_tokens_on_time(
     return int(np.count_nonzero(token_times <= due + 1e-9))
 
 
-def deadline_goodput(input_tokens: int, output_tokens: int, finish_s: float, deadline_abs_s: float) -> int:
+def deadline_goodput(
+    input_tokens: int, output_tokens: int, finish_s: float, deadline_abs_s: float
+) -> int:
     return input_tokens + output_tokens if finish_s <= deadline_abs_s + 1e-9 else 0
 
 
@@ -126,7 +132,12 @@ class GoodputLedger:
     e2el: LogHistogram = field(default_factory=LogHistogram)
 
     def record(self, o: Outcome) -> None:
-        for tally in (self.overall, self.by_kind[o.kind], self.by_tenant[o.tenant], self.by_class[o.slo_class]):
+        for tally in (
+            self.overall,
+            self.by_kind[o.kind],
+            self.by_tenant[o.tenant],
+            self.by_class[o.slo_class],
+        ):
             tally.add(o)
         if o.ttft_s is not None:
             self.ttft.add(o.ttft_s)

@@ -163,10 +163,6 @@ class SchedulerSettings(_Model):
     soft_penalty: float = Field(
         default=1.0, ge=0, le=16, description="Exponent of the lateness discount."
     )
-    density_weight: float = Field(
-        default=0.1, ge=0, le=100,
-        description="Weight of goodput density (gain / cost) next to the goodput lost by deferring a request one frame.",
-    )
     preemption: PreemptionSettings = PreemptionSettings()
 
 

@@ -33,7 +33,8 @@ class EngineView:
     decode_step_s: float
     """Measured time of one decode step at the current load (v_token)."""
     prefill_s_per_token: float
-    """Measured (or modelled) prefill time per token, used for preemption cost."""
+    """Measured wall time per prompt token at the current load (iteration time / prompt
+    tokens in it): how fast queued prompts get through."""
     token_s: float = 0.0
     """Measured engine seconds per batched token (iteration time / tokens in it): the
     marginal cost of one more prompt or output token when the token budget binds."""
@@ -189,7 +190,9 @@ class KeyedPolicy(Policy):
         if best_waiting is None:
             return plan
         worst_first = sorted(view.running, key=lambda r: self.key(r, now), reverse=True)
-        waiting_keys = sorted(self.key(r, now) for r in self.queue.members())[: self.max_preemptions]
+        waiting_keys = sorted(self.key(r, now) for r in self.queue.members())[
+            : self.max_preemptions
+        ]
         for victim, challenger_key in zip(worst_first, waiting_keys, strict=False):
             if challenger_key < self.key(victim, now):
                 plan.preempt.append(victim)

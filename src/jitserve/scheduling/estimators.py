@@ -80,8 +80,12 @@ class QuantileEstimator(LengthEstimator):
 
     name = "quantile"
 
-    def __init__(self, quantile: float = 0.95, window: int = 4096,
-                 prior: tuple[int, ...] = (64, 128, 256, 512, 1024)) -> None:
+    def __init__(
+        self,
+        quantile: float = 0.95,
+        window: int = 4096,
+        prior: tuple[int, ...] = (64, 128, 256, 512, 1024),
+    ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         self.quantile = quantile
@@ -161,8 +165,12 @@ class OracleStageShare(StageShareEstimator):
 
     def stage_share(self, program: Program, stage: int) -> float:
         times = [
-            max(c.prompt_tokens * self.prefill_s_per_token + c.output_tokens * self.decode_s_per_token
-                for c in s.calls) + s.tool_s
+            max(
+                c.prompt_tokens * self.prefill_s_per_token
+                + c.output_tokens * self.decode_s_per_token
+                for c in s.calls
+            )
+            + s.tool_s
             for s in program.stages
         ]
         total = sum(times)

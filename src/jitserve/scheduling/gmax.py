@@ -25,6 +25,7 @@ priority when they arrive, so admission stays O(log n). One frame costs O(N log 
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import defaultdict
@@ -37,14 +38,19 @@ from jitserve.requests import LiveProgram, LiveRequest, Phase
 from jitserve.scheduling.base import EngineView, FramePlan, Policy, RankedQueue
 from jitserve.slo import LatencySLO
 
-GROUP_BOOST = 1e15
-"""Key offset that puts members of the chosen group ahead of everyone else in the queue."""
+OUTSIDE_GROUP = 1e13
+"""Queue keys: members of the chosen group are keyed by their latest start time (seconds,
+earliest first); everyone else by ``OUTSIDE_GROUP - priority``, so after the group."""
 MIN_TIME_S = 1e-3
 
 
 def latency_tokens_reachable(
-    first_index: npt.NDArray[np.float64], count: npt.NDArray[np.float64], start_s: npt.NDArray[np.float64],
-    per_token_s: float, due0_s: npt.NDArray[np.float64], tbt_s: npt.NDArray[np.float64],
+    first_index: npt.NDArray[np.float64],
+    count: npt.NDArray[np.float64],
+    start_s: npt.NDArray[np.float64],
+    per_token_s: float,
+    due0_s: npt.NDArray[np.float64],
+    tbt_s: npt.NDArray[np.float64],
 ) -> npt.NDArray[np.float64]:
     """How many of tokens ``first_index .. first_index+count-1`` would be on time if the
     request started producing at ``start_s`` with one token per ``per_token_s``.
@@ -68,7 +74,9 @@ class CutoffTuner:
     """Online choice of the cutoff p: epsilon-greedy over candidate values, rewarding
     the goodput (tokens/s) that completed during each epoch of frames."""
 
-    def __init__(self, candidates: list[float], start: float, epoch_frames: int, seed: int = 0) -> None:
+    def __init__(
+        self, candidates: list[float], start: float, epoch_frames: int, seed: int = 0
+    ) -> None:
         self.candidates = sorted(set(candidates) | {start})
         self.value = start
         self.epoch_frames = epoch_frames
@@ -120,6 +128,8 @@ class GMAX(Policy):
         self._service: dict[str, float] = defaultdict(float)
         self._seen_generated: dict[LiveRequest, int] = {}
         self._last_frame_s: float | None = None
+        self._threshold = -math.inf
+        """Priority an arrival needs to join the current group (cutoff x B-th best)."""
         self.spec = spec or SLOPolicySpec()
         self.configure(self.spec)
 
@@ -128,15 +138,20 @@ class GMAX(Policy):
         self.spec = spec
         s = spec.scheduler
         self.frame_steps = s.frame_steps
-        self.tuner = CutoffTuner(s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames, self._seed)
+        self.tuner = CutoffTuner(
+            s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames, self._seed
+        )
         self.auto_cutoff = s.cutoff.mode is CutoffMode.AUTO
         self.cutoff = s.cutoff.value
 
     # ---- priorities -----------------------------------------------------------------
-    def _priorities(self, rs: list[LiveRequest], now_s: float) -> npt.NDArray[np.float64]:
+    def _priorities(
+        self, rs: list[LiveRequest], now_s: float
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(priority, latest start time that still earns the full gain) per request."""
         n = len(rs)
         if n == 0:
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0)
         v, pf_s = self._decode_s, self._prefill_s
         generated = np.empty(n)
         remaining = np.empty(n)
@@ -148,8 +163,6 @@ class GMAX(Policy):
         tbt = np.empty(n)
         is_latency = np.zeros(n, dtype=bool)
         waited = np.empty(n)
-        arrival = np.empty(n)
-        never_started = np.zeros(n, dtype=bool)
         for i, r in enumerate(rs):
             req = r.req
             g = r.generated
@@ -159,8 +172,6 @@ class GMAX(Policy):
             prefill_left[i] = r.prefill_target - r.prefilled
             prompt[i] = req.prompt_tokens
             waited[i] = r.frames_waited
-            arrival[i] = req.arrival_s
-            never_started[i] = r.started_s is None
             slo = req.slo
             if r.extra.get("demoted"):
                 deadline[i] = math.inf
@@ -180,40 +191,36 @@ class GMAX(Policy):
         programs = self._program_groups(rs)
         for idx in programs.values():
             t_gen[idx] = t_gen[idx].max()
+        t_rem = np.where(is_latency, 0.0, deadline - now_s)
         penalty = self.spec.scheduler.soft_penalty
+        feasible = np.clip(np.where(t_rem > 0, t_rem / t_gen, 0.0), 0.0, 1.0) ** penalty
         tokens_objective = self.spec.objective is Objective.TOKENS
-        latency_idx = np.flatnonzero(is_latency)
+        gain = (prompt + generated + typical if tokens_objective else np.ones(n)) * feasible
+        # latest start that still earns everything: the sequencing key inside the group
+        latest_start = deadline - (prefill_left * pf_s + typical * v)
+        if is_latency.any():
+            idx = np.flatnonzero(is_latency)
+            start = now_s + prefill_left[idx] * pf_s
+            ontime = latency_tokens_reachable(
+                generated[idx], typical[idx], start, v, due0[idx], tbt[idx]
+            )
+            gain[idx] = ontime if tokens_objective else (ontime >= typical[idx])
+            latest_start[idx] = (
+                due0[idx] + generated[idx] * tbt[idx] - (prefill_left[idx] + 1) * pf_s
+            )
         demoted = ~np.isfinite(deadline) & ~is_latency
-        max_wait = self.spec.admission.max_waiting_seconds
-
-        def gain_if_started_at(at_s: float) -> npt.NDArray[np.float64]:
-            t_rem = np.where(is_latency, 0.0, deadline - at_s)
-            feasible = np.clip(np.where(t_rem > 0, t_rem / t_gen, 0.0), 0.0, 1.0) ** penalty
-            gain = (prompt + generated + typical if tokens_objective else np.ones(n)) * feasible
-            if latency_idx.size:
-                start = at_s + prefill_left[latency_idx] * pf_s
-                ontime = latency_tokens_reachable(generated[latency_idx], typical[latency_idx], start, v,
-                                                  due0[latency_idx], tbt[latency_idx])
-                gain[latency_idx] = ontime if tokens_objective else (ontime >= typical[latency_idx])
-            gain[demoted] = 1e-3 * (prompt[demoted] + typical[demoted])
-            gain[never_started & (at_s - arrival > max_wait)] = 0.0  # it would be retired
-            for idx in programs.values():
-                gain[idx] = gain[idx].sum() / idx.size
-            return gain
-
-        # Margin goodput: what is lost by deferring r one frame, plus (weighted) the
-        # paper's goodput density, both per unit of engine time r will consume.
-        gain = gain_if_started_at(now_s)
-        lost_if_deferred = np.maximum(gain - gain_if_started_at(now_s + self.frame_steps * v), 0.0)
-        gain = lost_if_deferred + self.spec.scheduler.density_weight * gain
+        gain[demoted] = 1e-3 * (prompt[demoted] + typical[demoted])
         for idx in programs.values():
+            # One priority per compound stage: the stage's gain over the stage's cost.
+            gain[idx] = gain[idx].sum() / idx.size
             cost[idx] = cost[idx].sum() / idx.size
+            latest_start[idx] = latest_start[idx].min()
         priority = gain / np.maximum(cost, 1e-9)
         positive = priority[priority > 0]
         if positive.size:
             self._median_priority = float(np.median(positive))
         priority += self.spec.scheduler.delta * self._median_priority * waited
-        return priority
+        return priority, latest_start
 
     @staticmethod
     def _program_groups(rs: list[LiveRequest]) -> dict[LiveProgram, npt.NDArray[np.intp]]:
@@ -223,8 +230,8 @@ class GMAX(Policy):
                 groups[r.program].append(i)
         return {lp: np.array(members) for lp, members in groups.items()}
 
-    def _priority_one(self, r: LiveRequest, now_s: float) -> float:
-        return float(self._priorities([r], now_s)[0])
+    def _key(self, priority: float, latest_start: float, in_group: bool) -> float:
+        return min(latest_start, OUTSIDE_GROUP / 2) if in_group else OUTSIDE_GROUP - priority
 
     def _fair(self, rs: list[LiveRequest]) -> npt.NDArray[np.float64]:
         fairness = self.spec.fairness
@@ -242,8 +249,11 @@ class GMAX(Policy):
     # ---- queue ------------------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         r.phase = Phase.WAITING
-        r.priority = self._priority_one(r, now_s)
-        self.queue.push(r, -r.priority)
+        priority, latest_start = self._priorities([r], now_s)
+        r.priority = float(priority[0])
+        self.queue.push(
+            r, self._key(r.priority, float(latest_start[0]), r.priority >= self._threshold)
+        )
 
     def peek_next(self, now_s: float) -> LiveRequest | None:
         return self.queue.peek()
@@ -294,7 +304,7 @@ class GMAX(Policy):
         live = running + waiting
         if not live:
             return plan
-        priority = self._priorities(live, now)
+        priority, latest_start = self._priorities(live, now)
         f = self.spec.fairness.weight
         if f > 0:
             top = float(priority.max()) or 1.0
@@ -305,24 +315,36 @@ class GMAX(Policy):
             self.tuner.on_frame(now)
             self.cutoff = self.tuner.value
         chosen = self._group(live, priority, view.max_running)
+        self._admit_feasible(live, len(running), priority, latest_start, chosen, now)
         self.queue.rebuild(
-            (-(r.priority + (GROUP_BOOST if chosen[len(running) + i] else 0.0)), r)
+            (
+                self._key(
+                    r.priority,
+                    float(latest_start[len(running) + i]),
+                    bool(chosen[len(running) + i]),
+                ),
+                r,
+            )
             for i, r in enumerate(waiting)
         )
         self._preempt(view, running, waiting, chosen, plan)
         return plan
 
-    def _group(self, live: list[LiveRequest], priority: npt.NDArray[np.float64], batch: int) -> npt.NDArray[np.bool_]:
+    def _group(
+        self, live: list[LiveRequest], priority: npt.NDArray[np.float64], batch: int
+    ) -> npt.NDArray[np.bool_]:
         """Cutoff filter + input-length sliding window; returns a mask over ``live``."""
         n = len(live)
         chosen = np.zeros(n, dtype=bool)
+        self._threshold = -math.inf
         if n <= batch:
             chosen[:] = True
             return chosen
         k = min(n, self.spec.scheduler.candidate_factor * batch)
         top = np.argpartition(-priority, k - 1)[:k] if k < n else np.arange(n)
         bth = float(np.partition(priority[top], len(top) - batch)[len(top) - batch])
-        candidates = top[priority[top] >= self.cutoff * bth]
+        self._threshold = self.cutoff * bth
+        candidates = top[priority[top] >= self._threshold]
         if candidates.size <= batch:
             chosen[candidates] = True
             return chosen
@@ -333,30 +355,85 @@ class GMAX(Policy):
         chosen[ordered[best : best + batch]] = True
         return chosen
 
-    def _preempt(self, view: EngineView, running: list[LiveRequest], waiting: list[LiveRequest],
-                 chosen: npt.NDArray[np.bool_], plan: FramePlan) -> None:
+    def _admit_feasible(
+        self,
+        live: list[LiveRequest],
+        n_running: int,
+        priority: npt.NDArray[np.float64],
+        latest_start: npt.NDArray[np.float64],
+        chosen: npt.NDArray[np.bool_],
+        now: float,
+    ) -> None:
+        """Overload control inside the group (seed 003: urgency must not cascade).
+
+        Walk the waiting group members in latest-start order, projecting when each would
+        start given the prompts queued ahead of it (running prefills first). A member that
+        would start too late displaces lower-priority members ahead of it if that makes it
+        feasible; otherwise it leaves the group (it is then served only with spare capacity
+        and retired by the waiting-time rule). Weighted Moore-Hodgson, O(N log N)."""
+        pf_s = self._prefill_s
+        backlog = sum(r.prefill_target - r.prefilled for r in live[:n_running]) * pf_s
+        members = [i for i in range(n_running, len(live)) if chosen[i]]
+        members.sort(key=lambda i: latest_start[i])
+        accepted: list[tuple[float, int]] = []  # min-heap on priority
+        for i in members:
+            size = (live[i].prefill_target - live[i].prefilled) * pf_s
+            overflow = now + backlog - latest_start[i]
+            evicted: list[tuple[float, int]] = []
+            while overflow > 0 and accepted and accepted[0][0] < priority[i]:
+                p_j, j = heapq.heappop(accepted)
+                evicted.append((p_j, j))
+                j_size = (live[j].prefill_target - live[j].prefilled) * pf_s
+                overflow -= j_size
+                backlog -= j_size
+            if overflow > 0:  # cannot be made feasible: undo the evictions, drop i
+                for p_j, j in evicted:
+                    heapq.heappush(accepted, (p_j, j))
+                    backlog += (live[j].prefill_target - live[j].prefilled) * pf_s
+                chosen[i] = False
+                continue
+            for _, j in evicted:
+                chosen[j] = False
+            heapq.heappush(accepted, (float(priority[i]), i))
+            backlog += size
+
+    def _preempt(
+        self,
+        view: EngineView,
+        running: list[LiveRequest],
+        waiting: list[LiveRequest],
+        chosen: npt.NDArray[np.bool_],
+        plan: FramePlan,
+    ) -> None:
         settings = self.spec.scheduler.preemption
         free = view.max_running - len(running)
-        challengers = sorted((r for i, r in enumerate(waiting) if chosen[len(running) + i]),
-                             key=lambda r: -r.priority)[max(free, 0):]
+        challengers = sorted(
+            (r for i, r in enumerate(waiting) if chosen[len(running) + i]),
+            key=lambda r: -r.priority,
+        )[max(free, 0) :]
         if not settings.enabled or not challengers:
             return
-        victims = sorted((r for i, r in enumerate(running) if not chosen[i]), key=lambda r: r.priority)
+        victims = sorted(
+            (r for i, r in enumerate(running) if not chosen[i]), key=lambda r: r.priority
+        )
         frame_s = self.frame_steps * self._decode_s
         token_rate = max(len(running), 1) / self._decode_s
         for challenger, victim in zip(challengers[: settings.max_per_frame], victims, strict=False):
             gain = (challenger.priority - victim.priority) * frame_s
-            stall_s = victim.context_tokens * self._prefill_s
+            stall_s = victim.context_tokens * self._token_s
             if gain > settings.cost_factor * stall_s * token_rate:
                 plan.preempt.append(victim)
 
-    def _retire_hopeless(self, waiting: list[LiveRequest], running: list[LiveRequest], now: float,
-                         plan: FramePlan) -> None:
+    def _retire_hopeless(
+        self, waiting: list[LiveRequest], running: list[LiveRequest], now: float, plan: FramePlan
+    ) -> None:
         admission = self.spec.admission
         for r in (*waiting, *running):
             if r.extra.get("demoted"):
                 continue
-            never_started = r.started_s is None and now - r.req.arrival_s > admission.max_waiting_seconds
+            never_started = (
+                r.started_s is None and now - r.req.arrival_s > admission.max_waiting_seconds
+            )
             slo = r.req.slo
             unreachable = False
             if not isinstance(slo, LatencySLO) or r.program is not None:

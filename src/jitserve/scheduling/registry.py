@@ -56,7 +56,9 @@ def policy_names() -> list[str]:
 
 def make_policy(spec: SLOPolicySpec, seed: int = 0, name: str | None = None) -> Policy:
     """The scheduler named by ``name`` (default: ``spec.scheduler.policy``)."""
-    scheduler = VARIANTS.get(name or spec.scheduler.policy, (name or spec.scheduler.policy, "", ""))[0]
+    scheduler = VARIANTS.get(
+        name or spec.scheduler.policy, (name or spec.scheduler.policy, "", "")
+    )[0]
     if scheduler == "gmax":
         return GMAX(spec, seed=seed)
     if scheduler in BASELINES:
@@ -88,7 +90,9 @@ def make_setup(name: str, spec: SLOPolicySpec, seed: int = 0) -> Setup:
     if name in EXTRA_VARIANTS:
         return EXTRA_VARIANTS[name](spec, seed)
     if name not in VARIANTS:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names() + list(EXTRA_VARIANTS))}")
+        raise ValueError(
+            f"unknown policy {name!r}; known: {', '.join(policy_names() + list(EXTRA_VARIANTS))}"
+        )
     scheduler, estimator, stage_share = VARIANTS[name]
     return Setup(
         make_policy(spec, seed, scheduler),

@@ -28,8 +28,12 @@ from jitserve.sim.engine import Engine
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles, load_profile
 from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, generate, parse_mix
 
-WORKLOAD_MIXES = {"mixed": None, "latency": (1.0, 0.0, 0.0), "deadline": (0.0, 1.0, 0.0),
-                  "compound": (0.0, 0.0, 1.0)}
+WORKLOAD_MIXES = {
+    "mixed": None,
+    "latency": (1.0, 0.0, 0.0),
+    "deadline": (0.0, 1.0, 0.0),
+    "compound": (0.0, 0.0, 1.0),
+}
 DEFAULT_POLICIES = "gmax,fcfs,sarathi,edf,lsf,sjf,plas,oracle"
 
 
@@ -49,8 +53,13 @@ def run_one(cell: Cell) -> dict[str, Any]:
     """Simulate one (policy, load, seed) cell and return its row of results."""
     profile = load_profile(cell.profile)
     setup = make_setup(cell.policy, cell.spec, seed=cell.seed)
-    engine = Engine(profile, setup.policy, setup.estimator, setup.stage_share,
-                    refine_every=cell.spec.scheduler.refine_every)
+    engine = Engine(
+        profile,
+        setup.policy,
+        setup.estimator,
+        setup.stage_share,
+        refine_every=cell.spec.scheduler.refine_every,
+    )
     workload = replace(cell.workload, rate_per_s=cell.load * cell.capacity_per_s, seed=cell.seed)
     if cell.track_memory:
         tracemalloc.start()
@@ -101,26 +110,47 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--workload", choices=sorted(WORKLOAD_MIXES), default="mixed",
-                        help="request patterns: mixed uses --mix")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOAD_MIXES),
+        default="mixed",
+        help="request patterns: mixed uses --mix",
+    )
     parser.add_argument("--mix", default="1:1:1", help="latency:deadline:compound shares")
-    parser.add_argument("--trace", choices=[*TRACES, "synthetic"], default="azure-conv",
-                        help="lengths (and, with --arrival trace, arrival times) from this trace")
-    parser.add_argument("--arrival", choices=ARRIVALS, default="trace",
-                        help="arrival process; trace = the trace's timestamps rescaled to the load")
+    parser.add_argument(
+        "--trace",
+        choices=[*TRACES, "synthetic"],
+        default="azure-conv",
+        help="lengths (and, with --arrival trace, arrival times) from this trace",
+    )
+    parser.add_argument(
+        "--arrival",
+        choices=ARRIVALS,
+        default="trace",
+        help="arrival process; trace = the trace's timestamps rescaled to the load",
+    )
     parser.add_argument("--load", default="0.8,1.0,1.5", help="comma-separated loads (x capacity)")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help=f"comma-separated; known: {', '.join(policy_names())}")
+    parser.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated; known: {', '.join(policy_names())}",
+    )
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
-    parser.add_argument("--profile", default=DEFAULT_PROFILE,
-                        help=f"engine profile name ({', '.join(available_profiles())}) or JSON path")
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"engine profile name ({', '.join(available_profiles())}) or JSON path",
+    )
     parser.add_argument("--config", help="SLOPolicy spec (YAML) for GMAX settings and SLO defaults")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--out", default="bench-out", help="directory for results.json and plots")
     parser.add_argument("--memory", action="store_true", help="track peak Python memory per run")
-    parser.add_argument("--micro", action="store_true",
-                        help="only time one GMAX decision over 2,000 and 10,000 live requests")
+    parser.add_argument(
+        "--micro",
+        action="store_true",
+        help="only time one GMAX decision over 2,000 and 10,000 live requests",
+    )
     parser.set_defaults(handler=main)
 
 
@@ -157,24 +187,47 @@ def main(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in _floats(args.seeds, "seeds")]
     try:
         mix = WORKLOAD_MIXES[args.workload] or parse_mix(args.mix)
-        workload = WorkloadSpec(trace=args.trace, mix=mix, arrival=args.arrival,
-                                duration_s=args.duration, slo=spec.slo_defaults)
+        workload = WorkloadSpec(
+            trace=args.trace,
+            mix=mix,
+            arrival=args.arrival,
+            duration_s=args.duration,
+            slo=spec.slo_defaults,
+        )
         profile = load_profile(args.profile)
     except ValueError as err:
         raise CLIError(str(err)) from err
-    print(f"measuring capacity of profile {profile.name} on {args.trace} ({args.workload})...", flush=True)
+    print(
+        f"measuring capacity of profile {profile.name} on {args.trace} ({args.workload})...",
+        flush=True,
+    )
     capacity = measure_capacity(profile, workload)
     print(f"capacity: {capacity:.3f} work items/s (load 1.0)", flush=True)
-    cells = [Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory)
-             for load in loads for p in policies for seed in seeds]
+    cells = [
+        Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory)
+        for load in loads
+        for p in policies
+        for seed in seeds
+    ]
     rows = _run_cells(cells, args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"workload": args.workload, "mix": list(mix), "trace": args.trace, "arrival": args.arrival,
-            "duration_s": args.duration, "profile": profile.name, "capacity_items_per_s": capacity,
-            "policies": policies, "loads": loads, "seeds": seeds}
+    meta = {
+        "workload": args.workload,
+        "mix": list(mix),
+        "trace": args.trace,
+        "arrival": args.arrival,
+        "duration_s": args.duration,
+        "profile": profile.name,
+        "capacity_items_per_s": capacity,
+        "policies": policies,
+        "loads": loads,
+        "seeds": seeds,
+    }
     summary = report.summarize(rows)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2))
+    (out / "results.json").write_text(
+        json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2)
+    )
     print(report.table(summary))
     for path in report.plots(summary, out):
         print(f"wrote {path}")

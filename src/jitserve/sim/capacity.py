@@ -20,26 +20,33 @@ from jitserve.sim.engine import Engine
 from jitserve.sim.latency import Profile
 from jitserve.sim.workload import WorkloadSpec, generate
 
-
 _CACHE: dict[tuple[str, str, int], float] = {}
 
 
 def measure_capacity(profile: Profile, spec: WorkloadSpec, items: int = 1500) -> float:
     """Work items per second the engine sustains on this workload (cached per process)."""
-    key = (profile.model_dump_json(), repr(dataclasses.replace(spec, duration_s=1.0, rate_per_s=None)), items)
+    key = (
+        profile.model_dump_json(),
+        repr(dataclasses.replace(spec, duration_s=1.0, rate_per_s=None)),
+        items,
+    )
     if key not in _CACHE:
         _CACHE[key] = _measure(profile, spec, items)
     return _CACHE[key]
 
 
 def _measure(profile: Profile, spec: WorkloadSpec, items: int) -> float:
-    source = generate(dataclasses.replace(spec, duration_s=1e9, rate_per_s=None, arrival="poisson"
-                                          if spec.trace == "synthetic" else spec.arrival))
+    source = generate(
+        dataclasses.replace(
+            spec,
+            duration_s=1e9,
+            rate_per_s=None,
+            arrival="poisson" if spec.trace == "synthetic" else spec.arrival,
+        )
+    )
     batch: list[Workitem] = []
     for item in source:
-        if isinstance(item, Program):
-            item = dataclasses.replace(item, arrival_s=0.0)
-        elif isinstance(item, Request):
+        if isinstance(item, Program | Request):
             item = dataclasses.replace(item, arrival_s=0.0)
         batch.append(item)
         if len(batch) >= items:

@@ -122,6 +122,7 @@ class Engine:
         self._steps_since_frame = 0
         self._decode_step_s = profile.a0_s
         self._token_s = profile.a1_s_per_prefill_token
+        self._prefill_s = profile.a1_s_per_prefill_token
         self._ontime: dict[LiveRequest, int] = {}
         self._last_token_s: dict[LiveRequest, float] = {}
         self._program_stage_start: dict[LiveProgram, list[float]] = {}
@@ -263,7 +264,11 @@ class Engine:
     def _prefill_iteration(self) -> None:
         profile = self.profile
         decoders = len(self._decoding) if self.chunked else 0
-        budget = profile.chunk_token_budget - decoders if self.chunked else profile.prefill_first_token_budget
+        budget = (
+            profile.chunk_token_budget - decoders
+            if self.chunked
+            else profile.prefill_first_token_budget
+        )
         chunks: list[tuple[LiveRequest, int]] = []
         prefill_tokens = 0
         pairs = 0.0
@@ -282,6 +287,7 @@ class Engine:
         self.stats.busy_s += dt
         self._steps_since_frame += 1
         self._token_s += 0.05 * (dt / (prefill_tokens + decoders) - self._token_s)
+        self._prefill_s += 0.05 * (dt / prefill_tokens - self._prefill_s)
         if decoders:
             self._timeline.extend(np.array([self.now]))
             self.stats.decode_steps += 1
@@ -312,10 +318,14 @@ class Engine:
         self._context_offset += r.context_tokens - step
         heapq.heappush(self._finish_heap, (d.finish_step, next(self._seq), d))
 
-    def _count_token_times(self, r: LiveRequest, times: npt.NDArray[np.float64], first_index: int) -> None:
+    def _count_token_times(
+        self, r: LiveRequest, times: npt.NDArray[np.float64], first_index: int
+    ) -> None:
         slo = r.req.slo
         if isinstance(slo, LatencySLO) and r.program is None:
-            self._ontime[r] += latency_tokens_on_time(times, first_index, r.req.arrival_s, slo.ttft_s, slo.tbt_s)
+            self._ontime[r] += latency_tokens_on_time(
+                times, first_index, r.req.arrival_s, slo.ttft_s, slo.tbt_s
+            )
         last = self._last_token_s.get(r)
         if times.size:
             gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
@@ -338,7 +348,11 @@ class Engine:
         context = self._decode_context()
         j = np.arange(1, m + 1, dtype=np.float64)
         # step i (1-based) sees context + d*(i-1): cumulative sum is closed form
-        ends = self.now + j * base + profile.a4_s_per_context_token * (context * j + d * j * (j - 1) / 2)
+        ends = (
+            self.now
+            + j * base
+            + profile.a4_s_per_context_token * (context * j + d * j * (j - 1) / 2)
+        )
         wake = min(until_s, self.next_event_s()) if self.running < profile.max_running else until_s
         if wake < ends[-1]:
             m = max(1, int(np.searchsorted(ends, wake)) + 1)
@@ -405,8 +419,18 @@ class Engine:
     def _record(self, r: LiveRequest, goodput: int, met: bool, retired: bool = False) -> None:
         req = r.req
         ttft = None if r.first_token_s is None else r.first_token_s - req.arrival_s
-        outcome = Outcome(req.tenant, req.kind, req.slo_class, req.prompt_tokens, r.generated,
-                          goodput, met, retired, ttft, self.now - req.arrival_s)
+        outcome = Outcome(
+            req.tenant,
+            req.kind,
+            req.slo_class,
+            req.prompt_tokens,
+            r.generated,
+            goodput,
+            met,
+            retired,
+            ttft,
+            self.now - req.arrival_s,
+        )
         self.ledger.record(outcome)
         self.policy.on_finish(r, goodput, self.now)
 
@@ -419,13 +443,24 @@ class Engine:
         self._members.pop(lp, None)
         starts = self._program_stage_start.pop(lp, [])
         ends = [*starts[1:], self.now]
-        self.stage_share.observe_program(program, [e - s for s, e in zip(starts, ends, strict=True)])
+        self.stage_share.observe_program(
+            program, [e - s for s, e in zip(starts, ends, strict=True)]
+        )
         met = self.now <= lp.deadline_abs_s + 1e-9
         tokens_in = sum(c.prompt_tokens for s in program.stages for c in s.calls)
         tokens_out = sum(c.output_tokens for s in program.stages for c in s.calls)
-        outcome = Outcome(program.tenant, program.slo.kind, program.slo_class, tokens_in, tokens_out,
-                          tokens_in + tokens_out if met else 0, met, False, None,
-                          self.now - program.arrival_s)
+        outcome = Outcome(
+            program.tenant,
+            program.slo.kind,
+            program.slo_class,
+            tokens_in,
+            tokens_out,
+            tokens_in + tokens_out if met else 0,
+            met,
+            False,
+            None,
+            self.now - program.arrival_s,
+        )
         self.ledger.record(outcome)
         self.policy.on_finish(last, outcome.goodput_tokens, self.now)
 
@@ -472,9 +507,20 @@ class Engine:
             program = lp.program
             tokens_in = sum(c.prompt_tokens for s in program.stages for c in s.calls)
             tokens_out = sum(c.output_tokens for s in program.stages for c in s.calls)
-            self.ledger.record(Outcome(program.tenant, program.slo.kind, program.slo_class,
-                                       tokens_in, tokens_out, 0, False, True, None,
-                                       self.now - program.arrival_s))
+            self.ledger.record(
+                Outcome(
+                    program.tenant,
+                    program.slo.kind,
+                    program.slo_class,
+                    tokens_in,
+                    tokens_out,
+                    0,
+                    False,
+                    True,
+                    None,
+                    self.now - program.arrival_s,
+                )
+            )
             self._program_stage_start.pop(lp, None)
             for member in self._members.pop(lp, []):
                 self._retire(member)
@@ -488,8 +534,14 @@ class Engine:
                 r.expected = self.estimator.expected(r.req, r.generated)
                 r.bound_refined_at = r.generated
         running = [*self._decoding, *self._prefilling]
-        view = EngineView(self.now, self.profile.max_running, running, self._decode_step_s,
-                          self.profile.a1_s_per_prefill_token, self._token_s)
+        view = EngineView(
+            self.now,
+            self.profile.max_running,
+            running,
+            self._decode_step_s,
+            self._prefill_s,
+            self._token_s,
+        )
         started = time.perf_counter()
         plan = self.policy.frame(view)
         self.stats.frame_seconds.add(time.perf_counter() - started)
@@ -499,5 +551,6 @@ class Engine:
         for r in plan.preempt:
             if r.phase is Phase.RUNNING:
                 self._preempt(r)
-        self._timeline.trim(min((d.start_step for d in self._decoding.values()),
-                                default=self._timeline.steps))
+        self._timeline.trim(
+            min((d.start_step for d in self._decoding.values()), default=self._timeline.steps)
+        )

@@ -31,8 +31,14 @@ class Profile(BaseModel):
     chunk_token_budget: int = Field(1024, gt=0)
     prefill_first_token_budget: int = Field(8192, gt=0)
 
-    def step_s(self, prefill_tokens: int, attention_pairs: float, decoders: int,
-               decode_context: int, sequences: int) -> float:
+    def step_s(
+        self,
+        prefill_tokens: int,
+        attention_pairs: float,
+        decoders: int,
+        decode_context: int,
+        sequences: int,
+    ) -> float:
         return (
             self.a0_s
             + self.a1_s_per_prefill_token * prefill_tokens
@@ -45,7 +51,10 @@ class Profile(BaseModel):
     def prefill_s(self, tokens: int) -> float:
         """Time to (re)compute ``tokens`` of context in one go: the stall a recompute
         preemption costs when the request comes back."""
-        return self.a1_s_per_prefill_token * tokens + self.a2_s_per_attention_pair * tokens * tokens / 2
+        return (
+            self.a1_s_per_prefill_token * tokens
+            + self.a2_s_per_attention_pair * tokens * tokens / 2
+        )
 
 
 DEFAULT_PROFILE = "a100-llama3-8b"
@@ -53,7 +62,9 @@ DEFAULT_PROFILE = "a100-llama3-8b"
 
 def available_profiles() -> list[str]:
     folder = resources.files("jitserve.sim") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
+    )
 
 
 def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:

@@ -20,7 +20,9 @@ def live_requests(n: int, seed: int = 0) -> list[LiveRequest]:
     out = []
     for i in range(n):
         slo = LatencySLO(2.0, 0.1) if i % 2 else DeadlineSLO(20.0)
-        req = Request(f"r{i}", f"t{i % 3}", slo, int(rng.integers(10, 4000)), float(rng.uniform(0, 10)))
+        req = Request(
+            f"r{i}", f"t{i % 3}", slo, int(rng.integers(10, 4000)), float(rng.uniform(0, 10))
+        )
         r = LiveRequest(req)
         r.bound = int(rng.integers(50, 1500))
         out.append(r)

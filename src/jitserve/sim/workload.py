@@ -68,7 +68,9 @@ def parse_mix(text: str) -> tuple[float, float, float]:
     except ValueError:
         values = []
     if len(values) != 3 or any(v < 0 or not math.isfinite(v) for v in values) or sum(values) <= 0:
-        raise ValueError(f"--mix must be three non-negative numbers L:D:C with a positive sum, got {text!r}")
+        raise ValueError(
+            f"--mix must be three non-negative numbers L:D:C with a positive sum, got {text!r}"
+        )
     total = sum(values)
     return (values[0] / total, values[1] / total, values[2] / total)
 
@@ -89,11 +91,17 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         if self.trace not in (*TRACES, "synthetic"):
-            raise ValueError(f"unknown trace {self.trace!r}; known: {', '.join((*TRACES, 'synthetic'))}")
+            raise ValueError(
+                f"unknown trace {self.trace!r}; known: {', '.join((*TRACES, 'synthetic'))}"
+            )
         if self.arrival not in ARRIVALS:
-            raise ValueError(f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVALS)}")
+            raise ValueError(
+                f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVALS)}"
+            )
         if self.arrival == "trace" and self.trace == "synthetic":
-            raise ValueError("arrival 'trace' needs a trace; use poisson or gamma with the synthetic workload")
+            raise ValueError(
+                "arrival 'trace' needs a trace; use poisson or gamma with the synthetic workload"
+            )
         if self.duration_s <= 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
         if self.rate_per_s is not None and not self.rate_per_s > 0:
@@ -115,7 +123,9 @@ class _Lengths:
 
     def single(self) -> tuple[int, int]:
         if self.trace is None:  # Table 2, Chatbot / single
-            return _lognormal(self.rng, 27, 93, 1, 8192), _lognormal(self.rng, 225, 318, 1, MAX_OUTPUT_TOKENS)
+            return _lognormal(self.rng, 27, 93, 1, 8192), _lognormal(
+                self.rng, 225, 318, 1, MAX_OUTPUT_TOKENS
+            )
         n = len(self.trace.arrival_s)
         i = self.row % n
         self.row += 1
@@ -186,14 +196,25 @@ def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
             continue
         prompt, output = lengths.single()
         yield Request(
-            request_id=f"r{index}", tenant=tenant, slo=spec.slo.slo_for(kind), prompt_tokens=prompt,
-            output_tokens=output, arrival_s=now, slo_class=kind.value,
+            request_id=f"r{index}",
+            tenant=tenant,
+            slo=spec.slo.slo_for(kind),
+            prompt_tokens=prompt,
+            output_tokens=output,
+            arrival_s=now,
+            slo_class=kind.value,
             app="chat" if kind is SLOKind.LATENCY else "batch",
         )
 
 
-def _program(spec: WorkloadSpec, rng: np.random.Generator, lengths: _Lengths, index: int,
-             tenant: str, now: float) -> Program:
+def _program(
+    spec: WorkloadSpec,
+    rng: np.random.Generator,
+    lengths: _Lengths,
+    index: int,
+    tenant: str,
+    now: float,
+) -> Program:
     shape = _program_shape(rng)
     calls = sum(shape)
     stages = tuple(
@@ -205,7 +226,10 @@ def _program(spec: WorkloadSpec, rng: np.random.Generator, lengths: _Lengths, in
         for s, width in enumerate(shape)
     )
     return Program(
-        program_id=f"p{index}", tenant=tenant, arrival_s=now,
+        program_id=f"p{index}",
+        tenant=tenant,
+        arrival_s=now,
         slo=spec.slo.slo_for(SLOKind.COMPOUND, stages=len(stages)),  # type: ignore[arg-type]
-        stages=stages, slo_class="compound",
+        stages=stages,
+        slo_class="compound",
     )
