@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # (subcommand, module exposing ``register(subparsers)``, help shown when it cannot load)
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("bench", "jitserve.sim.bench"),
+    ("analyzer", "jitserve.analyzer.cli"),
     ("operator", "jitserve.operator.cli"),
     ("crd", "jitserve.operator.crd"),
 )

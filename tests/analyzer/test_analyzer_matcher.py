@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -85,7 +86,8 @@ def test_only_what_is_known_when_the_stage_starts_is_used() -> None:
 
 def test_diverging_structure_is_pruned() -> None:
     history = PatternHistory(blend=1)
-    slow_tool = summarize_program(_program("x", [_stage(100, tool="exec"), _stage(100)]), [9.0, 1.0])
+    slow_tool = summarize_program(_program("x", [_stage(100, tool="exec"), _stage(100)]),
+                                  [9.0, 1.0])
     fast_tool = summarize_program(_program("y", [_stage(100, tool="search"), _stage(100)]),
                                   [1.0, 9.0])
     history.add(slow_tool, "research")
@@ -120,7 +122,7 @@ def test_share_error_falls_as_stages_become_known() -> None:
             result = matcher.match(program, s)
             errors.setdefault(s, []).append(abs(result.share - truth[s]) / truth[s])
     curve = [float(np.mean(errors[s])) for s in range(4)]
-    assert all(b < a for a, b in zip(curve, curve[1:], strict=False)), curve
+    assert all(b < a for a, b in itertools.pairwise(curve)), curve
 
 
 def test_weights_decay_per_hour_and_stale_entries_are_evicted() -> None:
