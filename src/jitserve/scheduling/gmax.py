@@ -66,7 +66,7 @@ def latency_tokens_reachable(
     # slope < 0: on time for i >= crossing; slope > 0: on time for i <= crossing
     from_suffix = np.clip(last - np.maximum(np.ceil(crossing - 1e-9), first_index) + 1, 0, count)
     from_prefix = np.clip(np.minimum(np.floor(crossing + 1e-9), last) - first_index + 1, 0, count)
-    flat = np.where(c0 <= 0, count, 0.0)
+    flat = np.where(c0 <= 1e-9, count, 0.0)
     return np.where(slope < 0, from_suffix, np.where(slope > 0, from_prefix, flat))
 
 
@@ -301,6 +301,9 @@ class GMAX(Policy):
         running = [r for r in running if r not in retired]
         for r in running:
             self._account_service(r)
+        if self.auto_cutoff:
+            self.tuner.on_frame(now)
+            self.cutoff = self.tuner.value
         live = running + waiting
         if not live:
             return plan
@@ -311,9 +314,6 @@ class GMAX(Policy):
             priority = (1 - f) * priority / top + f * self._fair(live)
         for r, p in zip(live, priority, strict=True):
             r.priority = float(p)
-        if self.auto_cutoff:
-            self.tuner.on_frame(now)
-            self.cutoff = self.tuner.value
         chosen = self._group(live, priority, view.max_running)
         self._admit_feasible(live, len(running), priority, latest_start, chosen, now)
         self.queue.rebuild(

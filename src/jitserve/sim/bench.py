@@ -130,6 +130,12 @@ def register(subparsers: Any) -> None:
         help="arrival process; trace = the trace's timestamps rescaled to the load",
     )
     parser.add_argument("--load", default="0.8,1.0,1.5", help="comma-separated loads (x capacity)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="absolute arrival rate (work items/s) instead of --load; e.g. 5.53 replays "
+        "azure-conv at its recorded pace",
+    )
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
     parser.add_argument(
         "--policies",
@@ -203,6 +209,10 @@ def main(args: argparse.Namespace) -> int:
     )
     capacity = measure_capacity(profile, workload)
     print(f"capacity: {capacity:.3f} work items/s (load 1.0)", flush=True)
+    if args.rate is not None:
+        if args.rate <= 0:
+            raise CLIError(f"--rate must be positive, got {args.rate}")
+        loads = [args.rate / capacity]
     cells = [
         Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory)
         for load in loads

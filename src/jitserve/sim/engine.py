@@ -291,6 +291,7 @@ class Engine:
         if decoders:
             self._timeline.extend(np.array([self.now]))
             self.stats.decode_steps += 1
+            self.stats.output_tokens += decoders
             self._decode_step_s += 0.1 * (dt - self._decode_step_s)
             self._finish_due()
         for r, c in chunks:
