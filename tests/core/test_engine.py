@@ -115,7 +115,7 @@ def test_decode_latency_follows_the_profile() -> None:
     # one request alone: each decode step costs a0 + a3 + a4 * context + a5
     profile = load_profile()
     items: list[Workitem] = [Request("solo", "t", DeadlineSLO(100.0), 1000, 0.0, output_tokens=101)]
-    engine, ledger = simulate(items, "sarathi")
+    _, ledger = simulate(items, "sarathi")
     budget = profile.chunk_token_budget  # chunked prefill: 512 then 488 tokens
     prefill = profile.step_s(budget, budget * budget / 2, 0, 0, 1) + profile.step_s(
         1000 - budget, (1000 - budget) * (budget + (1000 - budget) / 2), 0, 0, 1

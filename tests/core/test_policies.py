@@ -53,7 +53,7 @@ def test_sjf_serves_shortest_predicted_remaining_first() -> None:
 
 
 def test_plas_counts_program_service_in_quanta() -> None:
-    from jitserve.requests import LiveProgram, Program, Stage, LLMCall
+    from jitserve.requests import LiveProgram, LLMCall, Program, Stage
     from jitserve.slo import CompoundSLO
 
     program = Program("p", "t", 0.0, CompoundSLO(60), (Stage((LLMCall(10, 10),)),))
