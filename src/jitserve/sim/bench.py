@@ -21,10 +21,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from jitserve.goodput import GoodputLedger
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
 from jitserve.scheduling.registry import make_setup, policy_names
 from jitserve.sim.capacity import measure_capacity
-from jitserve.sim.engine import Engine
+from jitserve.sim.cluster import run_cluster
+from jitserve.sim.engine import Engine, EngineStats
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles, load_profile
 from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, generate, parse_mix
 
@@ -47,30 +49,41 @@ class Cell:
     profile: str
     spec: SLOPolicySpec
     track_memory: bool = False
+    replicas: int = 1
 
 
 def run_one(cell: Cell) -> dict[str, Any]:
     """Simulate one (policy, load, seed) cell and return its row of results."""
     profile = load_profile(cell.profile)
-    setup = make_setup(cell.policy, cell.spec, seed=cell.seed)
-    engine = Engine(
-        profile,
-        setup.policy,
-        setup.estimator,
-        setup.stage_share,
-        refine_every=cell.spec.scheduler.refine_every,
-    )
-    workload = replace(cell.workload, rate_per_s=cell.load * cell.capacity_per_s, seed=cell.seed)
+    ledger = GoodputLedger()
+    engines = []
+    for replica in range(cell.replicas):
+        setup = make_setup(cell.policy, cell.spec, seed=cell.seed * 1000 + replica)
+        engines.append(
+            Engine(
+                profile,
+                setup.policy,
+                setup.estimator,
+                setup.stage_share,
+                ledger=ledger,
+                refine_every=cell.spec.scheduler.refine_every,
+            )
+        )
+    rate = cell.load * cell.capacity_per_s * cell.replicas
+    workload = replace(cell.workload, rate_per_s=rate, seed=cell.seed)
     if cell.track_memory:
         tracemalloc.start()
-    started = time.perf_counter()
-    ledger = engine.run(generate(workload))
+    started, cpu_started = time.perf_counter(), time.process_time()
+    run_cluster(engines, generate(workload))
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
     if cell.track_memory:
         tracemalloc.stop()
     duration = workload.duration_s
-    stats = engine.stats
+    stats = EngineStats()
+    for engine in engines:
+        stats.merge(engine.stats)
     return {
         "policy": cell.policy,
         "load": cell.load,
@@ -91,10 +104,12 @@ def run_one(cell: Cell) -> dict[str, Any]:
         "sched_ms_p50": stats.frame_seconds.percentile(50) * 1e3,
         "sched_ms_p99": stats.frame_seconds.percentile(99) * 1e3,
         "frames": stats.frames,
-        "sim_end_s": engine.now,
+        "sim_end_s": max(e.now for e in engines),
+        "replicas": cell.replicas,
         "wall_s": wall_s,
+        "cpu_s": cpu_s,
         "peak_memory_bytes": peak_bytes,
-        "effective": setup.policy.describe(),
+        "effective": engines[0].policy.describe(),
     }
 
 
@@ -147,6 +162,12 @@ def register(subparsers: Any) -> None:
         "--profile",
         default=DEFAULT_PROFILE,
         help=f"engine profile name ({', '.join(available_profiles())}) or JSON path",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engine replicas behind a least-outstanding-work router (load is per replica)",
     )
     parser.add_argument("--config", help="SLOPolicy spec (YAML) for GMAX settings and SLO defaults")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -209,12 +230,14 @@ def main(args: argparse.Namespace) -> int:
     )
     capacity = measure_capacity(profile, workload)
     print(f"capacity: {capacity:.3f} work items/s (load 1.0)", flush=True)
+    if args.replicas < 1:
+        raise CLIError(f"--replicas must be >= 1, got {args.replicas}")
     if args.rate is not None:
         if args.rate <= 0:
             raise CLIError(f"--rate must be positive, got {args.rate}")
-        loads = [args.rate / capacity]
+        loads = [args.rate / (capacity * args.replicas)]
     cells = [
-        Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory)
+        Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory, args.replicas)
         for load in loads
         for p in policies
         for seed in seeds

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +88,20 @@ class EngineStats:
     frames: int = 0
     frame_seconds: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0
+
+    def merge(self, other: EngineStats) -> None:
+        for name in (
+            "iterations",
+            "decode_steps",
+            "preemptions",
+            "kv_preemptions",
+            "retired",
+            "output_tokens",
+            "frames",
+            "busy_s",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.frame_seconds.merge(other.frame_seconds)
 
 
 class Engine:
@@ -245,21 +259,11 @@ class Engine:
             self._frame()
         return True
 
-    def run(self, workload: Iterable[Workitem], max_time_s: float = math.inf) -> GoodputLedger:
-        items: Iterator[Workitem] = iter(workload)
-        pending = next(items, None)
-        while True:
-            horizon = self.now + 5.0
-            while pending is not None and pending.arrival_s <= horizon:
-                self.submit(pending)
-                pending = next(items, None)
-            if not self.advance(until_s=horizon if pending is not None else math.inf):
-                if pending is None:
-                    break
-                self.now = pending.arrival_s
-            if self.now > max_time_s:
-                break
-        return self.ledger
+    def run(self, workload: Iterable[Workitem]) -> GoodputLedger:
+        """Replay ``workload`` on this replica alone and return the ledger."""
+        from jitserve.sim.cluster import run_cluster
+
+        return run_cluster([self], workload)
 
     def _prefill_iteration(self) -> None:
         profile = self.profile
