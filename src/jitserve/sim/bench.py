@@ -94,7 +94,9 @@ def run_one(cell: Cell) -> dict[str, Any]:
         "attainment": {k: v for k, v in ledger.attainment().items()},
         "goodput_tokens_by_kind": {k.value: t.goodput_tokens for k, t in ledger.by_kind.items()},
         "attainment_by_tenant": {k: t.attainment for k, t in sorted(ledger.by_tenant.items())},
-        "throughput_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),
+        "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
+        / max(stats.busy_s, 1e-9),
+        "output_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),
         "ttft_s": {"p50": ledger.ttft.percentile(50), "p99": ledger.ttft.percentile(99)},
         "tbt_s": {"p50": ledger.tbt.percentile(50), "p99": ledger.tbt.percentile(99)},
         "e2el_s": {"p50": ledger.e2el.percentile(50), "p99": ledger.e2el.percentile(99)},

@@ -85,6 +85,7 @@ class EngineStats:
     kv_preemptions: int = 0
     retired: int = 0
     output_tokens: int = 0
+    prefill_tokens: int = 0
     frames: int = 0
     frame_seconds: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0
@@ -97,6 +98,7 @@ class EngineStats:
             "kv_preemptions",
             "retired",
             "output_tokens",
+            "prefill_tokens",
             "frames",
             "busy_s",
         ):
@@ -290,6 +292,7 @@ class Engine:
         self.stats.iterations += 1
         self.stats.busy_s += dt
         self._steps_since_frame += 1
+        self.stats.prefill_tokens += prefill_tokens
         self._token_s += 0.05 * (dt / (prefill_tokens + decoders) - self._token_s)
         self._prefill_s += 0.05 * (dt / prefill_tokens - self._prefill_s)
         if decoders:

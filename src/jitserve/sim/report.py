@@ -28,6 +28,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "token_goodput",
             "request_goodput",
             "throughput_tokens_per_s",
+            "output_tokens_per_s",
             "preemptions",
             "retired",
             "sched_ms_p99",
