@@ -263,6 +263,7 @@ def main(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2)
     )
+    (out / "report.md").write_text(report.markdown(summary) + "\n")
     print(report.table(summary))
     for path in report.plots(summary, out):
         print(f"wrote {path}")

@@ -65,6 +65,43 @@ def table(summary: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(summary: list[dict[str, Any]]) -> str:
+    """The summary as a Markdown table (for docs/benchmarks.md)."""
+    header = (
+        "load",
+        "policy",
+        "token goodput (tok/s)",
+        "request goodput (req/s)",
+        "attainment L / D / C / all",
+        "TTFT p50 / p99 (s)",
+        "TBT p99 (s)",
+        "E2EL p50 / p99 (s)",
+        "throughput (tok/s)",
+        "preemptions",
+        "retired",
+        "sched p99 (ms)",
+    )
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for e in sorted(summary, key=lambda e: (e["load"], -e["token_goodput"])):
+        a = e["attainment"]
+        cells = (
+            f"{e['load']:.2f}",
+            e["policy"],
+            f"{e['token_goodput']:.0f}",
+            f"{e['request_goodput']:.3f}",
+            " / ".join(f"{a[k]:.3f}" for k in KINDS),
+            f"{e['ttft_s']['p50']:.2f} / {e['ttft_s']['p99']:.2f}",
+            f"{e['tbt_s']['p99']:.3f}",
+            f"{e['e2el_s']['p50']:.1f} / {e['e2el_s']['p99']:.1f}",
+            f"{e['throughput_tokens_per_s']:.0f}",
+            f"{e['preemptions']:.0f}",
+            f"{e['retired']:.0f}",
+            f"{e['sched_ms_p99']:.2f}",
+        )
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
