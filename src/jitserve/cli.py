@@ -12,10 +12,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# (subcommand, module exposing ``register(subparsers)``, help shown when it cannot load)
+# (subcommand, module exposing ``register(subparsers)``); a module under
+# ``jitserve.<component>`` needs the optional extra of that name
 COMPONENTS: tuple[tuple[str, str], ...] = (
     ("bench", "jitserve.sim.bench"),
     ("analyzer", "jitserve.analyzer.cli"),
+    ("sidecar", "jitserve.sidecar.cli"),
+    ("up", "jitserve.sidecar.up"),
     ("operator", "jitserve.operator.cli"),
     ("crd", "jitserve.operator.crd"),
 )
@@ -28,7 +31,8 @@ class CLIError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jitserve",
-        description="SLO-aware LLM serving: GMAX scheduler, simulator, sidecar, analyzer, operator.",
+        description="SLO-aware LLM serving: GMAX scheduler, simulator, sidecar, analyzer,"
+        " operator.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMPONENTS:
@@ -36,8 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
         except ImportError as err:  # a component whose optional extra is not installed
             stub = subparsers.add_parser(name, help=f"(unavailable: {err.name} not installed)")
-            stub.set_defaults(_missing=f"jitserve {name} needs '{err.name}'; "
-                                       f"install the extra: pip install 'jitserve[{name}]'")
+            extra = module_name.split(".")[1]  # jitserve.<component>.*: the extra's name
+            stub.set_defaults(
+                _missing=f"jitserve {name} needs '{err.name}'; "
+                f"install the extra: pip install 'jitserve[{extra}]'"
+            )
             continue
         module.register(subparsers)
     return parser
