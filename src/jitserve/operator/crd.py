@@ -144,7 +144,8 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
             out["x-kubernetes-list-type"] = "map"
             out["x-kubernetes-list-map-keys"] = ["name"]
 
-    if defaults and "default" in node and node["default"] is not None:
+    # No null defaults, and no "" ones: the 1.20 API server rejects `default: ""` ("null").
+    if defaults and "default" in node and node["default"] not in (None, ""):
         value = node["default"]
         out["default"] = (
             {} if isinstance(value, dict) and kind == "object" and "properties" in out else value

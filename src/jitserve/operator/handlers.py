@@ -78,6 +78,8 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=c.GROUP, key="last-handled-configuration"
         )
+        # No cluster-wide CRD/namespace watching: least privilege (the CRD must exist first).
+        settings.scanning.disabled = True
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
 

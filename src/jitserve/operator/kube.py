@@ -98,17 +98,23 @@ class RestKube:
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context, client_configuration=configuration
             )
+        if not configuration.verify_ssl:  # the kubeconfig asked for it; say so once, not per call
+            import urllib3
+
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         return cls(client.ApiClient(configuration))
 
-    def _call(
+    def request(
         self,
         method: str,
         path: str,
         body: Any = None,
         content_type: str = "application/json",
         query: dict[str, str] | None = None,
+        accept: str = "application/json",
     ) -> JSON | None:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        """One API call; JSON out, None for a GET of something absent; KubeError otherwise."""
+        headers = {"Accept": accept, "Content-Type": content_type}
         query_params = list((query or {}).items())
         try:
             _, url, header_params, serialized, _ = self._api.param_serialize(
@@ -147,11 +153,11 @@ class RestKube:
         return result
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
-        return self._call("GET", resource_path(api_version, kind, namespace, name))
+        return self.request("GET", resource_path(api_version, kind, namespace, name))
 
     def list(self, api_version: str, kind: str, namespace: str, selector: str = "") -> list[JSON]:
         query = {"labelSelector": selector} if selector else None
-        result = self._call("GET", resource_path(api_version, kind, namespace), query=query) or {}
+        result = self.request("GET", resource_path(api_version, kind, namespace), query=query) or {}
         items: list[JSON] = result.get("items") or []
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", api_version)
@@ -162,14 +168,15 @@ class RestKube:
         api_version, kind, namespace, _ = _ident(obj)
         query = {"fieldManager": c.FIELD_MANAGER}
         return (
-            self._call("POST", resource_path(api_version, kind, namespace), obj, query=query) or {}
+            self.request("POST", resource_path(api_version, kind, namespace), obj, query=query)
+            or {}
         )
 
     def replace(self, obj: JSON) -> JSON:
         api_version, kind, namespace, name = _ident(obj)
         query = {"fieldManager": c.FIELD_MANAGER}
         return (
-            self._call("PUT", resource_path(api_version, kind, namespace, name), obj, query=query)
+            self.request("PUT", resource_path(api_version, kind, namespace, name), obj, query=query)
             or {}
         )
 
@@ -178,7 +185,7 @@ class RestKube:
     ) -> JSON:
         path = resource_path(api_version, kind, namespace, name)
         query = {"fieldManager": c.FIELD_MANAGER}
-        return self._call("PATCH", path, patch, "application/merge-patch+json", query) or {}
+        return self.request("PATCH", path, patch, "application/merge-patch+json", query) or {}
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: JSON
@@ -186,14 +193,14 @@ class RestKube:
         path = resource_path(api_version, kind, namespace, name) + "/status"
         query = {"fieldManager": c.FIELD_MANAGER}
         return (
-            self._call("PATCH", path, {"status": status}, "application/merge-patch+json", query)
+            self.request("PATCH", path, {"status": status}, "application/merge-patch+json", query)
             or {}
         )
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         path = resource_path(api_version, kind, namespace, name)
         try:
-            self._call("DELETE", path, {"propagationPolicy": "Background"})
+            self.request("DELETE", path, {"propagationPolicy": "Background"})
         except KubeError as err:
             if err.status != 404:
                 raise

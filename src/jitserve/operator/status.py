@@ -162,7 +162,8 @@ def conditions(
     elif errors:
         degraded = cond(ConditionType.DEGRADED, True, "ApplyFailed", "; ".join(errors))
     else:
-        degraded = cond(ConditionType.DEGRADED, False, "AsExpected", "")
+        # Never an empty message: some API servers (the Debian 1.20 build) read "" as null.
+        degraded = cond(ConditionType.DEGRADED, False, "AsExpected", "spec valid, children applied")
 
     if rollout is None:
         ready = cond(

@@ -1,0 +1,64 @@
+"""Render manifests/install.yaml from charts/jitserve with Helm (the Go SDK, via helm-python-sdk).
+
+    .venv/bin/python manifests/render.py          # rewrite manifests/install.yaml
+    .venv/bin/python manifests/render.py --check  # exit 1 if it is out of date
+
+The plain install manifest = a Namespace, the chart's CRD and the chart's templates
+rendered with default values, release "jitserve" in namespace "jitserve-system".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "jitserve"
+OUT = ROOT / "manifests" / "install.yaml"
+RELEASE = "jitserve"
+NAMESPACE = "jitserve-system"
+ORDER = ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+         "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]
+
+
+def render_documents(values: dict[str, object] | None = None, namespace: str = NAMESPACE) -> list[dict]:
+    """The chart's objects (CRD first), as Helm renders them."""
+    import helm_python as helm
+
+    chart = helm.Chart.load(str(CHART))
+    rendered = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
+    docs: list[dict] = []
+    for crd in sorted((CHART / "crds").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(crd.read_text()) if d)
+    for path in sorted(rendered):
+        if path.endswith(".yaml"):
+            docs.extend(d for d in yaml.safe_load_all(rendered[path]) if d)
+    return sorted(docs, key=lambda d: ORDER.index(d["kind"]) if d["kind"] in ORDER else len(ORDER))
+
+
+def install_manifest() -> str:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    docs = [namespace, *render_documents()]
+    header = (
+        "# Plain install manifest of jitserve: `kubectl apply -f manifests/install.yaml`.\n"
+        "# Rendered from charts/jitserve (default values) by manifests/render.py; do not edit.\n"
+    )
+    return header + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=100)
+
+
+def main(argv: list[str]) -> int:
+    text = install_manifest()
+    if "--check" in argv:
+        if OUT.read_text() != text:
+            print(f"{OUT} is out of date: run {Path(__file__).name}", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(OUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

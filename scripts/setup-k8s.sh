@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Build (once) a real Kubernetes control plane for the operator tests: kube-apiserver and
+# kube-controller-manager 1.20.2 from Debian's `kubernetes` source package, plus etcd from
+# Debian's `etcd-server`. See shared/KUBERNETES.md for the measured recipe.
+#
+# Idempotent. The binaries are cached OUTSIDE the clone, keyed by version:
+#   ${JITSERVE_CACHE:-$HOME/.cache/jitserve}/k8s-v1.20.2/bin/{kube-apiserver,kube-controller-manager}
+# A second run on the same machine only checks that they are there (well under a second).
+# Set JITSERVE_SKIP_K8S_SETUP=1 to skip (e.g. when the e2e tests use an external KUBECONFIG).
+set -euo pipefail
+
+K8S_VERSION=1.20.2
+CACHE=${JITSERVE_CACHE:-$HOME/.cache/jitserve}
+DEST="$CACHE/k8s-v$K8S_VERSION"
+BIN="$DEST/bin"
+
+if [ "${JITSERVE_SKIP_K8S_SETUP:-0}" = "1" ]; then
+  echo "setup-k8s: skipped (JITSERVE_SKIP_K8S_SETUP=1)"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+
+start=$(date +%s)
+# Helm (its Go SDK, from PyPI) for `helm lint` / `helm template` of charts/jitserve.
+VENV_PY="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"
+HELM_SDK="helm-python-sdk==0.2.2"
+if [ -x "$VENV_PY" ] && ! "$VENV_PY" -c "import helm_python" >/dev/null 2>&1; then
+  echo "setup-k8s: pip install $HELM_SDK"
+  "$VENV_PY" -m pip install -q "$HELM_SDK"
+fi
+
+packages=(golang-go rsync jq etcd-server golang-github-modern-go-reflect2-dev dpkg-dev openssl)
+if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] \
+  && command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1; then
+  echo "setup-k8s: cached in $BIN"
+  exit 0
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+# A deb-src entry for bookworm on the same mirror as the binary packages.
+SRC_LIST=/etc/apt/sources.list.d/jitserve-deb-src.sources
+if [ ! -e "$SRC_LIST" ]; then
+  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  if [ -z "$uri" ]; then
+    uri=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  fi
+  [ -n "$uri" ] || { echo "setup-k8s: cannot find the Debian mirror URI" >&2; exit 1; }
+  printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$uri" | $SUDO tee "$SRC_LIST" >/dev/null
+  need_update=1
+fi
+if [ "${#missing[@]}" -gt 0 ] || [ "${need_update:-0}" = "1" ]; then
+  $SUDO apt-get update -qq
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup-k8s: apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+# etcd-server's maintainer scripts may start a system etcd; the tests use their own
+# data dir and ports, so it does not matter, but do not leave a stray one we started.
+
+WORK="$CACHE/build-k8s-v$K8S_VERSION"
+mkdir -p "$WORK" "$BIN"
+cd "$WORK"
+# Debian versions it "1.20.5+really1.20.2-...": the 1.20.2 sources.
+if ! ls kubernetes_*really"$K8S_VERSION"*.dsc >/dev/null 2>&1; then
+  apt-get source --download-only kubernetes >/dev/null 2>"$WORK/apt-source.log" \
+    || { cat "$WORK/apt-source.log" >&2; exit 1; }
+  ls kubernetes_*really"$K8S_VERSION"*.dsc >/dev/null 2>&1 \
+    || { echo "setup-k8s: Debian's kubernetes source is not $K8S_VERSION" >&2; exit 1; }
+fi
+SRC="$WORK/src"
+if [ ! -d "$SRC/cmd/kube-apiserver" ]; then
+  rm -rf "$SRC"
+  dpkg-source -x --no-check kubernetes_*.dsc "$SRC" >/dev/null
+fi
+cd "$SRC"
+
+# The one patch: vendored reflect2 v1.0.1 faults under Go >= 1.18 (map iteration).
+R2=vendor/github.com/modern-go/reflect2
+if [ ! -e "$R2/.jitserve-patched" ]; then
+  rm -rf "$R2"
+  mkdir -p "$R2"
+  cp -r /usr/share/gocode/src/github.com/modern-go/reflect2/. "$R2/"
+  rm -f "$R2/go.mod" "$R2/go.sum"
+  find "$R2" -name '*_test.go' -delete
+  rm -rf "$R2/test" "$R2/tests"
+  touch "$R2/.jitserve-patched"
+fi
+
+# Build as debian/rules does: a GOPATH with k8s.io/kubernetes pointing at the tree.
+export GOPATH="$SRC/.go" CGO_ENABLED=0 GOCACHE="$WORK/gocache"
+mkdir -p "$GOPATH/src/k8s.io"
+[ -e "$GOPATH/src/k8s.io/kubernetes" ] || ln -s ../../.. "$GOPATH/src/k8s.io/kubernetes"
+for what in kube-apiserver kube-controller-manager; do
+  if [ ! -x "$BIN/$what" ]; then
+    echo "setup-k8s: building $what (a few minutes on 2 cores)"
+    (cd "$GOPATH/src/k8s.io/kubernetes" && make WHAT="cmd/$what" KUBE_VERBOSE=0 >"$WORK/build-$what.log" 2>&1) \
+      || { tail -40 "$WORK/build-$what.log" >&2; exit 1; }
+    built=$(find "$SRC/_output" -type f -name "$what" -perm -u+x | head -1)
+    install -m 0755 "$built" "$BIN/$what.tmp"
+    mv "$BIN/$what.tmp" "$BIN/$what"
+  fi
+done
+# Keep the cache small (the tree and Go's build cache are 2 GB): later runs only need the
+# binaries. JITSERVE_K8S_KEEP_BUILD=1 keeps them, for quick rebuilds after a patch.
+if [ "${JITSERVE_K8S_KEEP_BUILD:-0}" != "1" ]; then rm -rf "$SRC" "$WORK/gocache"; fi
+echo "setup-k8s: built in $(( $(date +%s) - start )) s -> $BIN"
