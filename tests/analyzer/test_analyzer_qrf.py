@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pickle
 
@@ -16,6 +17,7 @@ from jitserve.analyzer.qrf import (
     LengthModel,
     LengthQuery,
     QRFEstimator,
+    _training_rows,
     conditional_bound,
     train_model,
 )
@@ -162,3 +164,13 @@ def test_training_needs_data() -> None:
         train_model([LengthRecord(None, 10, 10, "chat", "m", "")] * 5)
     with pytest.raises(ValueError, match="quantile"):
         QRFEstimator(train_model(length_corpus(200, 1), config=SMALL_FOREST), 1.5)
+
+
+def test_training_rows_are_capped_newest_observations_first() -> None:
+    corpus = length_corpus(600, 6)
+    observed = [LengthRecord(None, 100, 10 + i, "batch", "m", "") for i in range(500)]
+    config = dataclasses.replace(SMALL_FOREST, max_rows=400, other_fraction=0.0)
+    model = train_model(corpus, observed, config=config)
+    assert model.rows == 400 and model.observed_rows == 500
+    rows = _training_rows(corpus, observed, config, np.random.default_rng(0))
+    assert [r.output_tokens for r in rows] == [10 + i for i in range(100, 500)]

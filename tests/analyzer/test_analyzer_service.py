@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,11 +14,13 @@ import pytest
 from analyzer_helpers import RunningAnalyzer, start_analyzer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from jitserve.analyzer import state
 from jitserve.analyzer.client import make_stub, match_pb, record_pb
 from jitserve.analyzer.corpus import program_corpus
+from jitserve.analyzer.graphs import summarize_program
 from jitserve.analyzer.proto import analyzer_pb2 as pb
 from jitserve.analyzer.qrf import LengthModel, LengthQuery
-from jitserve.analyzer.service import SERVICE_NAME
+from jitserve.analyzer.service import SERVICE_NAME, AnalyzerCore, ServiceConfig
 
 TIMEOUT = 5.0
 
@@ -206,3 +210,25 @@ def test_background_worker_retrains_and_swaps(small_model: LengthModel) -> None:
         assert core.retrains == 1
     finally:
         running.server.stop(0).wait()
+
+
+def test_unusable_checkpoints_start_fresh_without_stopping(
+        tmp_path: Path, small_model: LengthModel, caplog: pytest.LogCaptureFixture) -> None:
+    core = AnalyzerCore(ServiceConfig(state_dir=tmp_path, corpus_size=400))
+    core.start(background=False)
+    core.observe([("", LengthQuery(100, "batch"), 50)])
+    core.record("research", "p", summarize_program(*program_corpus(1, 5)[0]))
+    core.use_model(small_model)
+    core.checkpoint()
+    (tmp_path / state.MODEL_FILE).write_bytes(b"definitely not a pickle")
+    (tmp_path / state.HISTORY_FILE).write_bytes(b"\xff\xfe garbage")
+    fresh = AnalyzerCore(ServiceConfig(state_dir=tmp_path, corpus_size=400))
+    with caplog.at_level(logging.INFO, logger="jitserve.analyzer"):
+        fresh.start(background=False)
+    stats = fresh.stats()
+    assert stats.ready and stats.model_version == 1 and stats.history_size == 0
+    assert stats.buffered == 1  # the intact buffer is kept
+    assert f"{state.MODEL_FILE} is unusable" in caplog.text
+    assert f"{state.HISTORY_FILE} is unusable" in caplog.text
+    assert (tmp_path / (state.MODEL_FILE + ".corrupt")).exists()
+    assert fresh.stats().ready

@@ -32,6 +32,7 @@ identical numbers (tested) in well under a millisecond.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -73,6 +74,9 @@ class ForestConfig:
     """Apps with fewer training rows are folded into ``other``."""
     other_fraction: float = 0.15
     """Share of rows duplicated under the ``other`` app (what an unknown tag gets)."""
+    max_rows: int = 20_000
+    """Training rows at most (before the ``other`` copies): the newest observed
+    completions first, then a sample of the corpus. Bounds retraining time."""
 
 
 class Forest:
@@ -308,7 +312,13 @@ def _training_rows(corpus: Sequence[LengthRecord], observed: Sequence[LengthReco
     for r in observed:
         real_counts[r.app] = real_counts.get(r.app, 0) + 1
     replaced = {app for app, n in real_counts.items() if n >= config.min_real_per_app}
-    rows = [r for r in corpus if r.app not in replaced] + list(observed)
+    real = list(observed)[-config.max_rows:]
+    synthetic = [r for r in corpus if r.app not in replaced]
+    room = config.max_rows - len(real)
+    if len(synthetic) > room:
+        keep = rng.choice(len(synthetic), size=max(0, room), replace=False)
+        synthetic = [synthetic[int(i)] for i in sorted(keep)]
+    rows = synthetic + real
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.app] = counts.get(r.app, 0) + 1
@@ -364,6 +374,13 @@ _PRETRAINED_LOCK = threading.Lock()
 DEFAULT_CORPUS_SIZE = 12_000
 
 
+@functools.lru_cache(maxsize=4)
+def pretrained_corpus(seed: int = 0, corpus_size: int = DEFAULT_CORPUS_SIZE,
+                      ) -> tuple[LengthRecord, ...]:
+    """The synthetic corpus (memoised: records are immutable)."""
+    return tuple(length_corpus(corpus_size, seed))
+
+
 def pretrained_model(seed: int = 0, corpus_size: int = DEFAULT_CORPUS_SIZE) -> LengthModel:
     """A model trained on the synthetic corpus; memoised per (seed, size) in-process
     (models are immutable, so estimators can share one)."""
@@ -371,7 +388,7 @@ def pretrained_model(seed: int = 0, corpus_size: int = DEFAULT_CORPUS_SIZE) -> L
     with _PRETRAINED_LOCK:
         model = _PRETRAINED.get(key)
         if model is None:
-            model = train_model(length_corpus(corpus_size, seed), seed=seed)
+            model = train_model(pretrained_corpus(seed, corpus_size), seed=seed)
             _PRETRAINED[key] = model
         return model
 
@@ -393,7 +410,7 @@ class QRFEstimator(LengthEstimator):
             raise ValueError(f"retrain_every must be >= 0, got {retrain_every}")
         self.model = model
         self.quantile = quantile
-        self.corpus = list(corpus)
+        self.corpus = corpus
         self.retrain_every = retrain_every
         self.buffer = ObservationBuffer(buffer_size)
         self.config = config or ForestConfig()
@@ -405,12 +422,12 @@ class QRFEstimator(LengthEstimator):
 
     @classmethod
     def pretrained(cls, quantile: float = 0.95, seed: int = 0, *,
-                   corpus_size: int = DEFAULT_CORPUS_SIZE, retrain_every: int = 2000,
+                   corpus_size: int = DEFAULT_CORPUS_SIZE, retrain_every: int = 4000,
                    ) -> QRFEstimator:
         """Trained on the synthetic corpus (a few seconds, once per process per seed);
         learns online from ``observe``."""
         model = pretrained_model(seed, corpus_size)
-        corpus = length_corpus(corpus_size, seed) if retrain_every else []
+        corpus = pretrained_corpus(seed, corpus_size) if retrain_every else ()
         return cls(model, quantile, corpus=corpus, retrain_every=retrain_every, seed=seed)
 
     def _curve(self, req: Request) -> tuple[FloatArray, FloatArray]:

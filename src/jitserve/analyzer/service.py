@@ -37,7 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from jitserve.analyzer import state
-from jitserve.analyzer.corpus import LengthRecord, length_corpus
+from jitserve.analyzer.corpus import LengthRecord
 from jitserve.analyzer.features import OTHER_APP, SLO_KINDS
 from jitserve.analyzer.graphs import NO_TOOL, StageSummary
 from jitserve.analyzer.matcher import MatchResult, PatternHistory
@@ -48,6 +48,7 @@ from jitserve.analyzer.qrf import (
     LengthModel,
     LengthQuery,
     ObservationBuffer,
+    pretrained_corpus,
     pretrained_model,
     train_model,
 )
@@ -259,7 +260,7 @@ class AnalyzerCore:
             observed = list(self.buffer.records)
             self._new_since_train = 0
         if self._corpus is None:
-            self._corpus = length_corpus(self.config.corpus_size, self.config.seed)
+            self._corpus = list(pretrained_corpus(self.config.seed, self.config.corpus_size))
         started = time.monotonic()
         model = train_model(self._corpus, observed, self.config.forest,
                             seed=self.config.seed + previous.version,
