@@ -179,18 +179,24 @@ def test_gmax_preempts_only_when_gain_exceeds_cost() -> None:
 
 def test_gmax_retires_overdue_and_unreachable_requests() -> None:
     gmax = GMAX(fixed())
-    stale = live("stale", arrival=0.0, slo=DeadlineSLO(100))
+    # never scheduled within maxWaitingSeconds (5 s): retired
+    stale = live("stale", arrival=0.0, prompt=10, output=1000, slo=DeadlineSLO(100))
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
-    fine = live("fine", arrival=9.0, slo=DeadlineSLO(100))
-    for r in (stale, doomed, fine):
+    best = live("best", arrival=9.0, prompt=2000, output=10, slo=DeadlineSLO(100))
+    for r in (stale, doomed, best):
         gmax.enqueue(r, 9.0)
-    plan = gmax.frame(view([], batch=8, now=10.0))
+    plan = gmax.frame(view([], batch=1, now=10.0))
     assert {r.req.request_id for r in plan.retire} == {"stale", "doomed"}
+    assert gmax.pop_next(10.0) is best
+
+
+def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
     demote = GMAX(load_policy({"admission": {"overloadAction": "demote"}}))
-    s2 = live("stale", arrival=0.0, slo=DeadlineSLO(100))
-    demote.enqueue(s2, 9.0)
+    doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
+    demote.enqueue(doomed, 9.0)
     assert demote.frame(view([], batch=8, now=10.0)).retire == []
-    assert s2.extra["demoted"] == 1.0
+    assert doomed.extra["demoted"] == 1.0
+    assert demote.pop_next(10.0) is doomed  # still served, as best effort
 
 
 def test_fairness_weight_lifts_the_starved_tenant() -> None:

@@ -290,22 +290,29 @@ class GMAX(Policy):
         self._token_s = view.token_s or view.prefill_s_per_token
         self._batch = view.max_running
         self._decay_service(now)
+        if self.auto_cutoff:
+            self.tuner.on_frame(now)
+            self.cutoff = self.tuner.value
         plan = FramePlan()
         waiting = self.queue.members()
         for r in waiting:
             r.frames_waited += 1
         running = list(view.running)
-        self._retire_hopeless(waiting, running, now, plan)
-        retired = set(plan.retire)
-        waiting = [r for r in waiting if r not in retired]
-        running = [r for r in running if r not in retired]
         for r in running:
             self._account_service(r)
-        if self.auto_cutoff:
-            self.tuner.on_frame(now)
-            self.cutoff = self.tuner.value
+        # Overload control, first part (paper section 5 and seed 003): give up on requests
+        # never scheduled within the maximum waiting time, and on deadlines that cannot be
+        # met even at full speed.
+        self._give_up(
+            [r for r in (*running, *waiting) if self._overdue(r, now) or self._unreachable(r, now)],
+            plan,
+        )
+        gone = set(plan.retire)
+        running = [r for r in running if r not in gone]
+        waiting = [r for r in waiting if r not in gone]
         live = running + waiting
         if not live:
+            self.queue.rebuild([])
             return plan
         priority, latest_start = self._priorities(live, now)
         f = self.spec.fairness.weight
@@ -316,16 +323,18 @@ class GMAX(Policy):
             r.priority = float(p)
         chosen = self._group(live, priority, view.max_running)
         self._admit_feasible(live, len(running), priority, latest_start, chosen, now)
+        # Admission control (paper section 5): a request the scheduler still does not plan
+        # to serve after the maximum waiting time is retired; one it plans to serve stays.
+        first = len(running)
+        overdue = [
+            r for i, r in enumerate(waiting) if not chosen[first + i] and self._overdue(r, now)
+        ]
+        self._give_up(overdue, plan)
+        gone = set(overdue)
         self.queue.rebuild(
-            (
-                self._key(
-                    r.priority,
-                    float(latest_start[len(running) + i]),
-                    bool(chosen[len(running) + i]),
-                ),
-                r,
-            )
+            (self._key(r.priority, float(latest_start[first + i]), bool(chosen[first + i])), r)
             for i, r in enumerate(waiting)
+            if r not in gone
         )
         self._preempt(view, running, waiting, chosen, plan)
         return plan
@@ -424,25 +433,24 @@ class GMAX(Policy):
             if gain > settings.cost_factor * stall_s * token_rate:
                 plan.preempt.append(victim)
 
-    def _retire_hopeless(
-        self, waiting: list[LiveRequest], running: list[LiveRequest], now: float, plan: FramePlan
-    ) -> None:
-        admission = self.spec.admission
-        for r in (*waiting, *running):
+    def _unreachable(self, r: LiveRequest, now: float) -> bool:
+        """A deadline that cannot be met even if r ran alone at full speed from now."""
+        if r.extra.get("demoted") or (isinstance(r.req.slo, LatencySLO) and r.program is None):
+            return False
+        deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
+        fastest = (r.prefill_target - r.prefilled) * self._prefill_s + self._decode_s
+        return now + fastest > deadline
+
+    def _overdue(self, r: LiveRequest, now: float) -> bool:
+        waited = now - r.req.arrival_s
+        return r.started_s is None and waited > self.spec.admission.max_waiting_seconds
+
+    def _give_up(self, rs: list[LiveRequest], plan: FramePlan) -> None:
+        demote = self.spec.admission.overload_action is OverloadAction.DEMOTE
+        for r in rs:
             if r.extra.get("demoted"):
                 continue
-            never_started = (
-                r.started_s is None and now - r.req.arrival_s > admission.max_waiting_seconds
-            )
-            slo = r.req.slo
-            unreachable = False
-            if not isinstance(slo, LatencySLO) or r.program is not None:
-                deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
-                fastest = (r.prefill_target - r.prefilled) * self._prefill_s + self._decode_s
-                unreachable = now + fastest > deadline
-            if not (never_started or unreachable):
-                continue
-            if admission.overload_action is OverloadAction.DEMOTE:
+            if demote:
                 r.extra["demoted"] = 1.0
             else:
                 plan.retire.append(r)
