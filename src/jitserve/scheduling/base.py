@@ -145,27 +145,11 @@ class RankedQueue:
         return r in self._live
 
 
-class KeyedPolicy(Policy):
-    """A policy defined by one sort key (lower = served first).
-
-    ``rekey_every_frame``: keys that change with time or progress are recomputed at
-    frame boundaries. ``preemptive``: at a frame, running requests whose key is worse
-    than the best waiting one are swapped out (up to ``max_preemptions`` per frame)."""
-
-    rekey_every_frame = False
-    preemptive = False
-    max_preemptions = 8
+class QueuedPolicy(Policy):
+    """A policy whose waiting requests live in one :class:`RankedQueue`."""
 
     def __init__(self) -> None:
         self.queue = RankedQueue()
-
-    @abstractmethod
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        """Sort key; lower runs first."""
-
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        r.phase = Phase.WAITING
-        self.queue.push(r, self.key(r, now_s))
 
     def peek_next(self, now_s: float) -> LiveRequest | None:
         return self.queue.peek()
@@ -178,6 +162,26 @@ class KeyedPolicy(Policy):
 
     def waiting(self) -> int:
         return len(self.queue)
+
+
+class KeyedPolicy(QueuedPolicy):
+    """A policy defined by one sort key (lower = served first).
+
+    ``rekey_every_frame``: keys that change with time or progress are recomputed at
+    frame boundaries. ``preemptive``: at a frame, running requests whose key is worse
+    than the best waiting one are swapped out (up to ``max_preemptions`` per frame)."""
+
+    rekey_every_frame = False
+    preemptive = False
+    max_preemptions = 8
+
+    @abstractmethod
+    def key(self, r: LiveRequest, now_s: float) -> float:
+        """Sort key; lower runs first."""
+
+    def enqueue(self, r: LiveRequest, now_s: float) -> None:
+        r.phase = Phase.WAITING
+        self.queue.push(r, self.key(r, now_s))
 
     def frame(self, view: EngineView) -> FramePlan:
         now = view.now_s

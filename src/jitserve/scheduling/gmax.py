@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from jitserve.policy import CutoffMode, Objective, OverloadAction, SLOPolicySpec
 from jitserve.requests import LiveProgram, LiveRequest, Phase
-from jitserve.scheduling.base import EngineView, FramePlan, Policy, RankedQueue
+from jitserve.scheduling.base import EngineView, FramePlan, QueuedPolicy
 from jitserve.slo import LatencySLO
 
 OUTSIDE_GROUP = 1e13
@@ -112,12 +112,12 @@ class CutoffTuner:
             self.value = max(self._reward, key=lambda c: self._reward[c])
 
 
-class GMAX(Policy):
+class GMAX(QueuedPolicy):
     name = "gmax"
     chunked_prefill = True
 
     def __init__(self, spec: SLOPolicySpec | None = None, seed: int = 0) -> None:
-        self.queue = RankedQueue()
+        super().__init__()
         self._seed = seed
         self._median_priority = 1.0
         self._max_priority = 1.0
@@ -255,18 +255,9 @@ class GMAX(Policy):
             r, self._key(r.priority, float(latest_start[0]), r.priority >= self._threshold)
         )
 
-    def peek_next(self, now_s: float) -> LiveRequest | None:
-        return self.queue.peek()
-
-    def pop_next(self, now_s: float) -> LiveRequest | None:
-        return self.queue.pop()
-
     def remove(self, r: LiveRequest) -> None:
-        self.queue.remove(r)
+        super().remove(r)
         self._seen_generated.pop(r, None)
-
-    def waiting(self) -> int:
-        return len(self.queue)
 
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         self.tuner.earned(goodput_tokens)
