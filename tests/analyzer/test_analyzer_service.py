@@ -232,3 +232,16 @@ def test_unusable_checkpoints_start_fresh_without_stopping(
     assert f"{state.HISTORY_FILE} is unusable" in caplog.text
     assert (tmp_path / (state.MODEL_FILE + ".corrupt")).exists()
     assert fresh.stats().ready
+
+
+def test_refinement_reuses_the_curve_of_a_request_in_flight(analyzer: RunningAnalyzer,
+                                                            stub: Any) -> None:
+    query = _query(900, app="research", prompt_tokens=2000, prompt_text="outline a plan")
+    first = stub.PredictBound(pb.PredictRequest(queries=[query]), timeout=TIMEOUT).bounds[0]
+    assert "q900" in analyzer.core._curves
+    query.generated = first.bound + 10
+    refined = stub.Refine(pb.PredictRequest(queries=[query]), timeout=TIMEOUT).bounds[0]
+    assert refined.bound > first.bound + 10
+    stub.ObserveCompletion(pb.ObserveRequest(completions=[pb.Completion(
+        query=query, output_tokens=first.bound + 20)]), timeout=TIMEOUT)
+    assert "q900" not in analyzer.core._curves

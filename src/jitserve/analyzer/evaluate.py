@@ -10,6 +10,7 @@ matching and trace the stage-share error as more stages become known. It writes
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -73,7 +74,6 @@ class ServerProcess:
     """``jitserve analyzer serve`` in a child process on a free loopback port."""
 
     def __init__(self, state_dir: Path, *extra: str, startup_s: float = 60.0) -> None:
-        import os
         import subprocess
         import sys
 
@@ -301,11 +301,15 @@ def evaluate(out_dir: Path, *, quantile: float = 0.95, seed: int = 0, train_size
     length = {"text": length_accuracy(model, test, quantile, True),
               "meta": length_accuracy(model, test, quantile, False)}
     log("timing PredictBound over loopback gRPC")
+    load_before = os.getloadavg()[0]
     latency = grpc_latency(model, test, quantile, batch1_calls, batch64_calls)
     log(f"matching against {history_size} pattern graphs")
     match = matching(history_size, test_programs, seed)
     result: dict[str, Any] = {
         "synthetic_corpus": True,
+        "machine": {"cpus": os.cpu_count(),
+                    "load_average_1m_before_latency": round(load_before, 2),
+                    "load_average_1m_after_latency": round(os.getloadavg()[0], 2)},
         "quantile": quantile,
         "train_rows": train_size,
         "train_seconds": round(train_s, 2),
@@ -334,7 +338,9 @@ def summary(result: dict[str, Any]) -> str:
         "median bound/true by generated tokens: "
         + ", ".join(f"{g}: {r}" for g, r in result["ratio_by_generated"].items()),
         f"PredictBound p99 over loopback gRPC: batch 1 {result['predict_p99_ms']['batch1']} ms, "
-        f"batch 64 {result['predict_p99_ms']['batch64']} ms",
+        f"batch 64 {result['predict_p99_ms']['batch64']} ms "
+        f"(load average {result['machine']['load_average_1m_before_latency']} on "
+        f"{result['machine']['cpus']} CPUs)",
         f"matching p99 with {result['matching']['history_size']} graphs: "
         f"{result['match_p99_ms']} ms",
         "stage-share relative error by finished stages: "

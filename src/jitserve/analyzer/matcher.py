@@ -89,7 +89,7 @@ def _log(x: float) -> float:
 class PatternHistory:
     """Bounded, decaying store of pattern graphs with vectorised matching."""
 
-    def __init__(self, capacity: int = 2000, blend: int = 5, clusters_per_app: int = 16,
+    def __init__(self, capacity: int = 2000, blend: int = 10, clusters_per_app: int = 16,
                  cluster_threshold: int = 1000, clock: Callable[[], float] = time.time,
                  min_weight: float = 0.01) -> None:
         if capacity < 1:

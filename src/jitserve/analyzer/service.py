@@ -44,10 +44,13 @@ from jitserve.analyzer.matcher import MatchResult, PatternHistory
 from jitserve.analyzer.proto import analyzer_pb2 as pb
 from jitserve.analyzer.qrf import (
     DEFAULT_CORPUS_SIZE,
+    FloatArray,
     ForestConfig,
     LengthModel,
     LengthQuery,
     ObservationBuffer,
+    cap_bound,
+    conditional_bound,
     pretrained_corpus,
     pretrained_model,
     train_model,
@@ -85,6 +88,8 @@ class ServiceConfig:
     checkpoint_interval_s: float = 30.0
     history_capacity: int = 2000
     coverage_window: int = 10_000
+    remembered_requests: int = 100_000
+    """Requests in flight whose arrival bound and predictive curve are kept."""
     limits: Limits = field(default_factory=Limits)
     max_message_bytes: int = 8 << 20
     workers: int = 8
@@ -160,6 +165,8 @@ class AnalyzerCore:
         self._new_since_train = 0
         self._last_train = 0.0
         self._arrival: OrderedDict[str, int] = OrderedDict()
+        self._curves: OrderedDict[str, tuple[LengthModel, FloatArray, FloatArray]] = OrderedDict()
+        """Predictive curves of requests in flight: refinements reuse them."""
         self._window: deque[tuple[bool, float]] = deque(maxlen=self.config.coverage_window)
         self._corpus: list[LengthRecord] | None = None
         self._saved_version = -1
@@ -309,12 +316,32 @@ class AnalyzerCore:
     def predict(self, queries: Sequence[LengthQuery], generated: Sequence[int],
                 request_ids: Sequence[str], quantile: float) -> list[int]:
         started = time.perf_counter()
-        bounds = self.model.bounds(queries, quantile, generated)
+        model = self.model
+        curves: list[tuple[FloatArray, FloatArray] | None] = [None] * len(queries)
+        with self._lock:
+            for i, rid in enumerate(request_ids):
+                hit = self._curves.get(rid) if rid else None
+                if hit is not None and hit[0] is model:
+                    curves[i] = (hit[1], hit[2])
+        missing = [i for i, c in enumerate(curves) if c is None]
+        if missing:
+            fresh = model.curves([queries[i] for i in missing])
+            with self._lock:
+                for i, (curve, cal) in zip(missing, fresh, strict=True):
+                    curves[i] = (curve, cal)
+                    if request_ids[i]:
+                        self._curves[request_ids[i]] = (model, curve, cal)
+                while len(self._curves) > self.config.remembered_requests:
+                    self._curves.popitem(last=False)
+        bounds = []
+        for q, g, c in zip(queries, generated, curves, strict=True):
+            assert c is not None
+            bounds.append(cap_bound(conditional_bound(c[0], c[1], quantile, g), q.max_tokens, g))
         with self._lock:
             for rid, g, b in zip(request_ids, generated, bounds, strict=True):
                 if rid and g == 0 and rid not in self._arrival:
                     self._arrival[rid] = b
-                    if len(self._arrival) > 200_000:
+                    if len(self._arrival) > self.config.remembered_requests:
                         self._arrival.popitem(last=False)
         self.metrics.predict_seconds.observe(time.perf_counter() - started)
         return bounds
@@ -326,6 +353,8 @@ class AnalyzerCore:
                                              query.prompt_tokens, output, query.app,
                                              query.model, query.slo_kind))
                 arrival = self._arrival.pop(rid, None) if rid else None
+                if rid:
+                    self._curves.pop(rid, None)
                 if arrival is not None:
                     self._window.append((output <= arrival, arrival / max(1, output)))
             self._new_since_train += len(completions)
