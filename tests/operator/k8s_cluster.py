@@ -3,7 +3,7 @@
 ``JITSERVE_E2E_KUBECONFIG=/path/kubeconfig``: use that cluster (kind, k3s, a cloud), as an
 admin; nothing is started. Otherwise start etcd, kube-apiserver and kube-controller-manager
 1.20.2 on loopback (built by scripts/setup-k8s.sh into
-``${JITSERVE_CACHE:-~/.cache/jitserve}/k8s-v1.20.2/bin``), write an admin kubeconfig, and
+``${JITSERVE_CACHE:-~/.cache/jitserve}/k8s-v1.20.2-p2/bin``), write an admin kubeconfig, and
 stop and delete everything at the end. There is no kubelet: pods stay Pending, so tests that
 need running pods patch their status the way a kubelet would, and say so.
 """
@@ -29,12 +29,13 @@ from typing import Any
 import yaml
 
 K8S_VERSION = "1.20.2"
+PATCH_LEVEL = "p2"  # scripts/setup-k8s.sh: the source patches applied to that version
 KUBECONFIG_ENV = "JITSERVE_E2E_KUBECONFIG"
 
 
 def k8s_bin_dir() -> Path:
     cache = Path(os.environ.get("JITSERVE_CACHE", Path.home() / ".cache" / "jitserve"))
-    return cache / f"k8s-v{K8S_VERSION}" / "bin"
+    return cache / f"k8s-v{K8S_VERSION}-{PATCH_LEVEL}" / "bin"
 
 
 def free_port() -> int:

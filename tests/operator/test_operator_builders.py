@@ -24,7 +24,7 @@ def test_scheduler_fairness_slo_and_tenant_changes_leave_the_pod_template_alone(
     base = spec()
     tuned = spec(
         scheduler={"cutoff": {"mode": "fixed", "value": 0.5}, "frameSteps": 10},
-        fairness={"weight": 0.7, "tenants": [{"name": "a", "weight": 3}]},
+        fairness={"weight": 0.7, "tenants": [{"name": "a", "weight": 3, "apiKeySecret": "key-a"}]},
         sloDefaults={"latency": {"ttftSeconds": 1.0, "tbtSeconds": 0.05}, "deadlineSeconds": 5},
         admission={"overloadAction": "demote", "queueCap": 10},
         objective="requests",
@@ -66,7 +66,7 @@ def test_pod_runs_vllm_and_sidecar_non_root_with_probes_and_resources() -> None:
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert vllm["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
     assert vllm["args"][-2:] == ["--dtype", "bfloat16"]
-    assert "startupProbe" in vllm and sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "startupProbe" in vllm and sidecar["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert "--config" in sidecar["args"]
     assert f"{c.CONFIG_DIR}/{c.CONFIG_KEY}" in sidecar["args"]
     # The config is mounted as a directory (subPath mounts never see updates).
@@ -84,7 +84,13 @@ def test_no_gpu_limit_when_gpus_is_zero() -> None:
 def test_children_carry_owner_references_labels_and_selectors() -> None:
     s = spec(ingress={"host": "chat.example.com", "className": "nginx", "tlsSecret": "chat-tls"})
     children = b.build_policy_children(REF, s, SETTINGS)
-    assert [o["kind"] for o in children] == ["ConfigMap", "Service", "Deployment", "Ingress"]
+    assert [o["kind"] for o in children] == [
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Deployment",
+        "Ingress",
+    ]
     for obj in children:
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
@@ -97,11 +103,11 @@ def test_children_carry_owner_references_labels_and_selectors() -> None:
         }
         assert obj["metadata"]["labels"][c.LABEL_POLICY] == "chat"
         assert obj["metadata"]["namespace"] == "team-a"
-    deployment, service = children[2], children[1]
+    deployment, service = children[3], children[2]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert service["spec"]["selector"] == selector
-    ingress = children[3]["spec"]
+    ingress = children[4]["spec"]
     assert ingress["ingressClassName"] == "nginx"
     assert ingress["tls"] == [{"hosts": ["chat.example.com"], "secretName": "chat-tls"}]
     assert ingress["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == "chat"
@@ -133,3 +139,14 @@ def test_long_or_dotted_policy_names_are_reported() -> None:
     assert b.name_problems("chat") == []
     assert "metadata.name" in b.name_problems("x" * 60)[0]
     assert "metadata.name" in b.name_problems("a.b")[0]
+
+
+def test_tenant_keys_live_in_one_secret_mounted_at_a_fixed_path() -> None:
+    secret = b.build_api_keys_secret(REF, {"key-b": "Yg==", "key-a": "YQ=="})
+    assert secret["metadata"]["name"] == "chat-api-keys"
+    assert secret["data"] == {"key-a": "YQ==", "key-b": "Yg=="}
+    pod = template(spec())["spec"]
+    sidecar = pod["containers"][1]
+    assert sidecar["args"][sidecar["args"].index("--keys-dir") + 1] == c.KEYS_DIR
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"] == {"secretName": "chat-api-keys", "optional": True}

@@ -56,6 +56,7 @@ def get_policy(kube: RestKube, ns: str, name: str) -> dict[str, Any]:
 def children(kube: RestKube, ns: str, name: str) -> dict[str, dict[str, Any] | None]:
     return {
         "ConfigMap": kube.get("v1", "ConfigMap", ns, b.config_map_name(name)),
+        "Secret": kube.get("v1", "Secret", ns, b.api_keys_secret_name(name)),
         "Service": kube.get("v1", "Service", ns, name),
         "Deployment": kube.get("apps/v1", "Deployment", ns, name),
         "Ingress": kube.get("networking.k8s.io/v1", "Ingress", ns, name),
@@ -138,6 +139,19 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     doc = yaml.safe_load(example.read_text())
     name = doc["metadata"]["name"]
     doc["metadata"]["namespace"] = NS_EX
+    # The tenants' API-key Secrets exist first, as a user would make them.
+    tenants = doc["spec"].get("fairness", {}).get("tenants", [])
+    for tenant in tenants:
+        admin.request(
+            "POST",
+            f"/api/v1/namespaces/{NS_EX}/secrets",
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": tenant["apiKeySecret"]},
+                "stringData": {"api-key": f"key-of-{tenant['name']}"},
+            },
+        )
     start = time.monotonic()
     created = admin.create(doc)
     has_ingress = "ingress" in doc["spec"]
@@ -150,6 +164,10 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     for want in b.build_policy_children(ref, spec, SETTINGS):
         assert is_subset(want, found[want["kind"]]), f"{want['kind']} differs from the builder's"
     assert found["Deployment"]["spec"]["replicas"] == doc["spec"]["replicas"]
+    import base64
+
+    keys = {k: base64.b64decode(v).decode() for k, v in (found["Secret"].get("data") or {}).items()}
+    assert keys == {t["apiKeySecret"]: f"key-of-{t['name']}" for t in tenants}
     assert wait_for("the namespace analyzer", lambda: all(analyzer(admin, NS_EX).values()))
 
     progressing = wait_for(
@@ -179,6 +197,7 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     assert body["status"]["readyReplicas"] == doc["spec"]["replicas"]
     assert condition(body, "Progressing")["status"] == "False"
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+    assert condition(body, "Degraded")["status"] == "False", condition(body, "Degraded")
 
 
 def test_printer_columns_and_short_name(admin: RestKube, session_operator: OperatorProcess) -> None:
@@ -347,23 +366,31 @@ def test_deleting_policies_removes_children_and_the_last_one_the_analyzer(
     wait_for("the analyzer owned by both policies", owned_by_both)
 
     admin.delete(c.API_VERSION, c.KIND, NS_DELETE, "first")
-    wait_for(
-        "first's children garbage-collected",
-        lambda: all(v is None for v in children(admin, NS_DELETE, "first").values()),
-        timeout_s=60,
-    )
+    wait_gone(admin, NS_DELETE, "first")
     assert all(v is not None for v in analyzer(admin, NS_DELETE).values()), (
         "analyzer went too early"
     )
     assert all(v is not None for k, v in children(admin, NS_DELETE, "second").items())
 
     admin.delete(c.API_VERSION, c.KIND, NS_DELETE, "second")
-    wait_for(
-        "the analyzer removed with the last policy",
-        lambda: all(v is None for v in analyzer(admin, NS_DELETE).values()),
-        timeout_s=60,
-    )
-    assert all(v is None for v in children(admin, NS_DELETE, "second").values())
+
+    def analyzer_left() -> list[str]:
+        return [
+            f"{k} (deleting: {bool(v['metadata'].get('deletionTimestamp'))}, "
+            f"finalizers: {v['metadata'].get('finalizers')}, "
+            f"owners: {v['metadata'].get('ownerReferences')})"
+            for k, v in analyzer(admin, NS_DELETE).items()
+            if v
+        ]
+
+    try:
+        # The claim goes last: pvc-protection waits for the analyzer pod to be deleted.
+        wait_for(
+            "the analyzer removed with the last policy", lambda: not analyzer_left(), timeout_s=90
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}; still there: {analyzer_left()}") from None
+    wait_gone(admin, NS_DELETE, "second")
 
 
 def test_drift_in_children_is_corrected(admin: RestKube, session_operator: OperatorProcess) -> None:
@@ -400,6 +427,18 @@ def test_drift_in_children_is_corrected(admin: RestKube, session_operator: Opera
         )
 
     wait_for("drift corrected", restored)
+
+
+def wait_gone(kube: RestKube, ns: str, name: str) -> None:
+    """Wait for the garbage collector to remove a deleted policy's children."""
+
+    def left() -> list[str]:
+        return [k for k, v in children(kube, ns, name).items() if v]
+
+    try:
+        wait_for(f"{ns}/{name}'s children garbage-collected", lambda: not left(), timeout_s=60)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; still there: {left()}") from None
 
 
 def _resource_versions(kube: RestKube, ns: str, name: str) -> dict[str, str]:
@@ -484,8 +523,10 @@ def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(
     admin.create(policy("svc", NS_RESTART, spec))
     assert crashing.wait(timeout_s=60) == 137, crashing.log()
     partial = children(admin, NS_RESTART, "svc")
-    assert partial["ConfigMap"] is not None and partial["Service"] is not None
-    assert partial["Deployment"] is None and partial["Ingress"] is None, "the crash came too late"
+    assert partial["ConfigMap"] is not None and partial["Secret"] is not None
+    assert (
+        partial["Service"] is None and partial["Deployment"] is None and partial["Ingress"] is None
+    ), "the crash came too late"
 
     restarted = OperatorProcess(operator_kubeconfig, [NS_RESTART], log).start()
     try:

@@ -40,6 +40,7 @@ def test_first_reconcile_creates_children_second_writes_nothing() -> None:
     assert kinds == sorted(
         [
             "ConfigMap",
+            "Secret",
             "Service",
             "Deployment",
             "Ingress",
@@ -202,7 +203,34 @@ def test_status_reads_sidecar_metrics_of_running_pods() -> None:
         ({"memory": "1Gi"}, {"memory": "1024Mi"}, True),
         ({"memory": "1Gi"}, {"memory": "1G"}, False),
         ({"x": {"y": "z"}}, {"x": {}}, False),
+        ({"data": {}, "a": 1}, {"a": 1}, True),
+        ({"data": {"k": "v"}}, {}, False),
     ],
 )
 def test_is_subset(desired: Any, live: Any, same: bool) -> None:
     assert is_subset(desired, live) is same
+
+
+def test_tenant_api_keys_copied_from_their_secrets_and_missing_ones_reported() -> None:
+    kube = FakeKube()
+    kube.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "gold-key", "namespace": NS},
+            "data": {"api-key": "c2VjcmV0"},
+        }
+    )
+    tenants = [
+        {"name": "gold", "apiKeySecret": "gold-key"},
+        {"name": "lead", "apiKeySecret": "nope"},
+    ]
+    policy(kube, "chat", {"fairness": {"tenants": tenants}})
+    out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
+    assert out.errors == ["spec.fairness.tenants[1].apiKeySecret: Secret nope not found"]
+    secret = kube.objects[("v1", "Secret", NS, "chat-api-keys")]
+    assert secret["data"] == {"gold-key": "c2VjcmV0"}
+    degraded = next(
+        x for x in fresh(kube, "chat")["status"]["conditions"] if x["type"] == "Degraded"
+    )
+    assert "spec.fairness.tenants[1].apiKeySecret" in degraded["message"]

@@ -60,6 +60,12 @@ app.kubernetes.io/component: operator
 - apiGroups: ["networking.k8s.io"]
   resources: ["ingresses"]
   verbs: ["get", "list", "watch", "create", "update", "delete"]
+# Tenants' API keys: read the Secrets named in spec.fairness.tenants[].apiKeySecret, and
+# keep their copy in the policy's "<name>-api-keys" Secret (mounted by the sidecar).
+# No list/watch: key rotation is picked up by the periodic resync.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "update"]
 # Serving pods: found by label to read each sidecar's /metrics.
 - apiGroups: [""]
   resources: ["pods"]

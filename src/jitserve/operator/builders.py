@@ -92,6 +92,10 @@ def config_map_name(policy: str) -> str:
     return f"{policy}-config"
 
 
+def api_keys_secret_name(policy: str) -> str:
+    return f"{policy}-api-keys"
+
+
 def _meta(ref: PolicyRef, name: str, component: str) -> JSON:
     return {
         "name": name,
@@ -108,6 +112,22 @@ def build_config_map(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
         "kind": "ConfigMap",
         "metadata": _meta(ref, config_map_name(ref.name), "config"),
         "data": {c.CONFIG_KEY: dump_policy_yaml(spec)},
+    }
+
+
+def build_api_keys_secret(ref: PolicyRef, keys: dict[str, str]) -> JSON:
+    """Tenants' API keys, copied from the Secrets ``fairness.tenants[].apiKeySecret`` names.
+
+    ``keys`` maps each such Secret's name to its ``api-key`` value (base64, as read). The
+    sidecar finds them at ``KEYS_DIR/<apiKeySecret>``. One Secret with a fixed name, so
+    adding a tenant changes this Secret, not the pod template (no restart).
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(ref, api_keys_secret_name(ref.name), "config"),
+        "data": dict(sorted(keys.items())),
     }
 
 
@@ -183,34 +203,32 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "image": settings.sidecar_image,
         "imagePullPolicy": settings.image_pull_policy,
         "args": [
-            "sidecar",
-            "--config",
-            f"{c.CONFIG_DIR}/{c.CONFIG_KEY}",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(side.port),
-            "--vllm-url",
-            f"http://127.0.0.1:{model.port}",
-            "--analyzer",
-            analyzer_address(ref.namespace),
+            *("sidecar", "serve"),
+            *("--config", f"{c.CONFIG_DIR}/{c.CONFIG_KEY}"),
+            *("--host", "0.0.0.0", "--port", str(side.port)),
+            *("--backend", f"http://127.0.0.1:{model.port}"),
+            *("--analyzer", analyzer_address(ref.namespace)),
+            *("--keys-dir", c.KEYS_DIR),
         ],
         "ports": [{"name": "http", "containerPort": side.port, "protocol": "TCP"}],
         "resources": _resources(side.cpu, side.memory),
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "http"},
+            "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 5,
             "failureThreshold": 2,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
         "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
         # A directory mount (not subPath) so the kubelet updates the file in place and
         # the sidecar hot-reloads it.
-        "volumeMounts": [{"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
+            {"name": "api-keys", "mountPath": c.KEYS_DIR, "readOnly": True},
+        ],
     }
     return {
         "metadata": {
@@ -235,6 +253,10 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             "containers": [vllm, sidecar],
             "volumes": [
                 {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
+                {
+                    "name": "api-keys",
+                    "secret": {"secretName": api_keys_secret_name(ref.name), "optional": True},
+                },
                 {"name": "cache", "emptyDir": {}},
                 {"name": "tmp", "emptyDir": {}},
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": model.shm_size}},
@@ -303,11 +325,18 @@ def build_ingress(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
 
 
 def build_policy_children(
-    ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSettings
+    ref: PolicyRef,
+    spec: SLOPolicySpec,
+    settings: OperatorSettings,
+    keys: dict[str, str] | None = None,
 ) -> list[JSON]:
-    """The per-policy children in creation order (config first: the pods mount it)."""
+    """The per-policy children in creation order (config first: the pods mount it).
+
+    ``keys``: tenant API keys by Secret name (see :func:`build_api_keys_secret`).
+    """
     children = [
         build_config_map(ref, spec),
+        build_api_keys_secret(ref, keys or {}),
         build_service(ref, spec),
         build_deployment(ref, spec, settings),
     ]
@@ -361,22 +390,17 @@ def build_analyzer_children(
         "image": settings.analyzer_image,
         "imagePullPolicy": settings.image_pull_policy,
         "args": [
-            "analyzer",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(c.ANALYZER_PORT),
-            "--metrics-port",
-            str(c.ANALYZER_METRICS_PORT),
-            "--state-dir",
-            "/var/lib/jitserve-analyzer",
+            *("analyzer", "serve", "--host", "0.0.0.0", "--port", str(c.ANALYZER_PORT)),
+            *("--metrics-port", str(c.ANALYZER_METRICS_PORT)),
+            *("--state-dir", "/var/lib/jitserve-analyzer"),
         ],
         "ports": [
             {"name": "grpc", "containerPort": c.ANALYZER_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": c.ANALYZER_METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources("1", "2Gi"),
-        # tcpSocket, not grpc: gRPC probes need Kubernetes 1.24+.
+        # tcpSocket, not grpc: gRPC probes need Kubernetes 1.24+ (the chart supports 1.20+).
+        # TCP passes before the model is loaded; sidecars fall back to their own bound then.
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 20},
         "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},

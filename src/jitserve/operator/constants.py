@@ -23,13 +23,10 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_POLICY: Final = f"{GROUP}/policy"
 
-# Annotation on an SLOPolicy: extra sidecar metrics URLs to scrape (comma separated),
-# for sidecars the operator cannot discover as pods (out-of-cluster, or tests).
-ANNOTATION_METRICS_TARGETS: Final = f"{GROUP}/metrics-targets"
-
 CONFIG_KEY: Final = "policy.yaml"
 CONFIG_DIR: Final = "/etc/jitserve"
+KEYS_DIR: Final = "/etc/jitserve-keys"
 
 ANALYZER_NAME: Final = "jitserve-analyzer"
 ANALYZER_PORT: Final = 50051
-ANALYZER_METRICS_PORT: Final = 9090
+ANALYZER_METRICS_PORT: Final = 9464

@@ -144,7 +144,8 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
             out["x-kubernetes-list-type"] = "map"
             out["x-kubernetes-list-map-keys"] = ["name"]
 
-    # No null defaults, and no "" ones: the 1.20 API server rejects `default: ""` ("null").
+    # No null defaults, and no "" ones (a 1.20 API server built with Go >= 1.18 and without
+    # setup-k8s.sh's go-openapi patch rejects `default: ""` as null).
     if defaults and "default" in node and node["default"] not in (None, ""):
         value = node["default"]
         out["default"] = (

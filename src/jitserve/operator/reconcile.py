@@ -43,11 +43,15 @@ def _same_scalar(desired: Any, live: Any) -> bool:
 
 
 def is_subset(desired: Any, live: Any) -> bool:
-    """Every field in ``desired`` is in ``live`` with an equal value (lists: same length)."""
+    """Every field in ``desired`` is in ``live`` with an equal value (lists: same length;
+    quantities compared by value; an empty map or list matches an absent field)."""
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return False
-        return all(k in live and is_subset(v, live[k]) for k, v in desired.items())
+        # The API server drops empty maps and lists of typed objects: absent == empty.
+        return all(
+            is_subset(v, live[k]) if k in live else v in ({}, [], None) for k, v in desired.items()
+        )
     if isinstance(desired, list):
         return (
             isinstance(live, list)
@@ -170,6 +174,23 @@ def ensure_analyzer(kube: Kube, namespace: str, settings: b.OperatorSettings, ou
         ensure(kube, obj, out)
 
 
+def tenant_keys(kube: Kube, namespace: str, spec: SLOPolicySpec, out: Outcome) -> dict[str, str]:
+    """``api-key`` of each tenant's Secret (base64, as stored); a missing one is an error."""
+    keys: dict[str, str] = {}
+    for index, tenant in enumerate(spec.fairness.tenants):
+        name = tenant.api_key_secret
+        if not name:
+            continue
+        secret = kube.get("v1", "Secret", namespace, name)
+        value = ((secret or {}).get("data") or {}).get("api-key")
+        if value is None:
+            what = "not found" if secret is None else "has no key 'api-key'"
+            out.errors.append(f"spec.fairness.tenants[{index}].apiKeySecret: Secret {name} {what}")
+            continue
+        keys[name] = str(value)
+    return keys
+
+
 def reconcile_children(kube: Kube, body: JSON, settings: b.OperatorSettings) -> Outcome:
     """Apply the policy's children (and the shared analyzer). Writes only differences."""
     out = Outcome()
@@ -180,7 +201,8 @@ def reconcile_children(kube: Kube, body: JSON, settings: b.OperatorSettings) -> 
         out.deployment = kube.get("apps/v1", "Deployment", ref.namespace, ref.name)
         return out
     try:
-        for child in b.build_policy_children(ref, spec, settings):
+        keys = tenant_keys(kube, ref.namespace, spec, out)
+        for child in b.build_policy_children(ref, spec, settings, keys):
             live = ensure(kube, child, out)
             if child["kind"] == "Deployment":
                 out.deployment = live
