@@ -24,7 +24,7 @@ from operator_support import (
     ensure_namespace,
     wait_for,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import start_http_server
 
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
@@ -556,29 +556,21 @@ def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(
 def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     admin: RestKube, session_operator: OperatorProcess
 ) -> None:
-    """A real Prometheus endpoint on loopback stands in for the sidecar in the pod.
+    """A real Prometheus endpoint on loopback stands in for the sidecar container.
 
-    It serves the sidecar metrics contract's families from a real prometheus_client
-    registry over HTTP. The pod is marked Running with IP 127.0.0.1 (no kubelet here), so
-    the operator finds it by label and scrapes http://127.0.0.1:<sidecar.port>/metrics
-    exactly as it scrapes pod IPs in a cluster.
+    It serves the sidecar's own metrics registry (``jitserve.sidecar.metrics.SidecarMetrics``,
+    the contract's families as the sidecar defines them) over HTTP with prometheus_client.
+    No kubelet runs here, so the test marks the pod Running with IP 127.0.0.1; the operator
+    finds it by label and scrapes http://127.0.0.1:<sidecar.port>/metrics exactly as it
+    scrapes pod IPs in a cluster.
     """
     from k8s_cluster import free_port
 
-    registry = CollectorRegistry()
-    requests = Counter(
-        "jitserve_requests",
-        "Finished requests by outcome.",
-        ["tenant", "kind", "slo_class", "outcome"],
-        registry=registry,
-    )
-    goodput = Counter(
-        "jitserve_goodput_tokens",
-        "Tokens that met their SLO.",
-        ["tenant", "kind", "slo_class"],
-        registry=registry,
-    )
-    cutoff = Gauge("jitserve_effective_cutoff", "Cutoff p in use.", registry=registry)
+    from jitserve.sidecar.metrics import SidecarMetrics
+
+    metrics = SidecarMetrics()
+    registry = metrics.registry
+    requests, goodput, cutoff = metrics.requests, metrics.goodput_tokens, metrics.effective_cutoff
     requests.labels("a", "latency", "chat", "met").inc(9)
     requests.labels("a", "latency", "chat", "missed").inc(1)
     requests.labels("b", "deadline", "batch", "met").inc(3)
