@@ -364,6 +364,8 @@ def test_deleting_policies_removes_children_and_the_last_one_the_analyzer(
         )
 
     wait_for("the analyzer owned by both policies", owned_by_both)
+    # No finalizer: deletion never waits for the operator (children go by ownerReference).
+    assert not get_policy(admin, NS_DELETE, "first")["metadata"].get("finalizers")
 
     admin.delete(c.API_VERSION, c.KIND, NS_DELETE, "first")
     wait_gone(admin, NS_DELETE, "first")

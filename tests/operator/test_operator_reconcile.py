@@ -234,3 +234,29 @@ def test_tenant_api_keys_copied_from_their_secrets_and_missing_ones_reported() -
         x for x in fresh(kube, "chat")["status"]["conditions"] if x["type"] == "Degraded"
     )
     assert "spec.fairness.tenants[1].apiKeySecret" in degraded["message"]
+
+
+def test_controller_resync_reconciles_known_policies_and_forgets_deleted_ones() -> None:
+    import threading
+
+    from jitserve.operator.handlers import Controller
+
+    kube = FakeKube()
+    policy(kube, "chat")
+    controller = Controller(kube, b.OperatorSettings(status_interval_seconds=0.01))
+    controller.track(NS, "chat", present=True)
+    controller.track(NS, "gone", present=True)  # deleted while the operator was away
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.resync_forever, args=(stop,))
+    thread.start()
+    deadline = 100
+    while (
+        ("apps/v1", "Deployment", NS, "chat") not in kube.objects
+        or controller.known() != [(NS, "chat")]
+    ) and deadline:
+        stop.wait(0.02)
+        deadline -= 1
+    stop.set()
+    thread.join(timeout=5)
+    assert ("apps/v1", "Deployment", NS, "chat") in kube.objects
+    assert controller.known() == [(NS, "chat")]

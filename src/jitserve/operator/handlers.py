@@ -38,6 +38,7 @@ class Controller:
         self.scraper = scraper or Scraper(timeout_s=settings.scrape_timeout_seconds)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._known: set[tuple[str, str]] = set()
 
     def _lock(self, key: str) -> threading.Lock:
         with self._guard:
@@ -62,6 +63,35 @@ class Controller:
     def forget(self, namespace: str, name: str) -> None:
         self.scraper.forget(f"{namespace}/{name}")
 
+    # --- periodic resync (drift check + metrics scrape) ------------------------------------
+    # A plain thread over the policies seen in watch events, not kopf timers: kopf puts a
+    # finalizer on every object that has a timer, and then deleting a policy would hang
+    # while the operator is down. Children go by ownerReference; no finalizer is needed.
+
+    def track(self, namespace: str, name: str, *, present: bool) -> None:
+        with self._guard:
+            if present:
+                self._known.add((namespace, name))
+            else:
+                self._known.discard((namespace, name))
+        if not present:
+            self.forget(namespace, name)
+
+    def known(self) -> list[tuple[str, str]]:
+        with self._guard:
+            return sorted(self._known)
+
+    def resync_forever(self, stop: threading.Event) -> None:
+        while not stop.wait(self.settings.status_interval_seconds):
+            for namespace, name in self.known():
+                if stop.is_set():
+                    return
+                try:
+                    if self.reconcile(namespace, name, scrape=True) is None:
+                        self.track(namespace, name, present=False)
+                except Exception:  # keep resyncing the others
+                    log.exception("resync of %s/%s failed", namespace, name)
+
 
 def _raise_on_errors(out: Outcome | None) -> None:
     if out is not None and out.errors:
@@ -70,7 +100,6 @@ def _raise_on_errors(out: Outcome | None) -> None:
 
 def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    interval = controller.settings.status_interval_seconds
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -93,14 +122,21 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     def policy_changed(namespace: str | None, name: str, **_: Any) -> None:
         _raise_on_errors(controller.reconcile(namespace or "", name))
 
-    @kopf.timer(*POLICY, interval=interval, initial_delay=min(interval, 1.0), registry=registry)
-    def policy_resync(namespace: str | None, name: str, **_: Any) -> None:
-        controller.reconcile(namespace or "", name, scrape=True)
+    @kopf.on.event(*POLICY, registry=registry)
+    def policy_seen(type: str | None, namespace: str | None, name: str, **_: Any) -> None:
+        controller.track(namespace or "", name, present=type != "DELETED")
 
-    @kopf.on.delete(*POLICY, optional=True, registry=registry)
-    def policy_deleted(namespace: str | None, name: str, **_: Any) -> None:
-        # Children go by ownerReference (the garbage collector); forget scrape state.
-        controller.forget(namespace or "", name)
+    stop = threading.Event()
+
+    @kopf.on.startup(registry=registry)
+    def start_resync(**_: Any) -> None:
+        threading.Thread(
+            target=controller.resync_forever, args=(stop,), name="jitserve-resync", daemon=True
+        ).start()
+
+    @kopf.on.cleanup(registry=registry)
+    def stop_resync(**_: Any) -> None:
+        stop.set()
 
     for group, version, plural in CHILDREN:
 
