@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--namespace",
         action="append",
         default=[],
-        help="namespace (or glob pattern) to watch; repeatable; default: all",
+        help="namespace to watch (exact name; repeatable); default: all",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG)")
