@@ -555,24 +555,49 @@ def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(
             admin.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
+def sidecar_contract_metrics() -> tuple[Any, Any, Any, Any]:
+    """(requests counter, goodput counter, cutoff gauge, registry) as the sidecar exports them."""
+    try:
+        from jitserve.sidecar.metrics import SidecarMetrics
+    except ImportError:  # the sidecar package is not in this tree: the contract, by hand
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        registry = CollectorRegistry()
+        return (
+            Counter(
+                "jitserve_requests",
+                "Finished requests by outcome.",
+                ["tenant", "kind", "slo_class", "outcome"],
+                registry=registry,
+            ),
+            Counter(
+                "jitserve_goodput_tokens",
+                "Tokens that met their SLO.",
+                ["tenant", "kind", "slo_class"],
+                registry=registry,
+            ),
+            Gauge("jitserve_effective_cutoff", "Cutoff p in effect.", registry=registry),
+            registry,
+        )
+    metrics = SidecarMetrics()
+    return metrics.requests, metrics.goodput_tokens, metrics.effective_cutoff, metrics.registry
+
+
 def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     admin: RestKube, session_operator: OperatorProcess
 ) -> None:
     """A real Prometheus endpoint on loopback stands in for the sidecar container.
 
-    It serves the sidecar's own metrics registry (``jitserve.sidecar.metrics.SidecarMetrics``,
-    the contract's families as the sidecar defines them) over HTTP with prometheus_client.
-    No kubelet runs here, so the test marks the pod Running with IP 127.0.0.1; the operator
-    finds it by label and scrapes http://127.0.0.1:<sidecar.port>/metrics exactly as it
-    scrapes pod IPs in a cluster.
+    It serves the sidecar's own metrics registry (``jitserve.sidecar.metrics.SidecarMetrics``)
+    over HTTP with prometheus_client — or, where the sidecar package is not there, a
+    registry with the contract's three families defined here. No kubelet runs here, so the
+    test marks the pod Running with IP 127.0.0.1; the operator finds it by label and
+    scrapes http://127.0.0.1:<sidecar.port>/metrics exactly as it scrapes pod IPs in a
+    cluster.
     """
     from k8s_cluster import free_port
 
-    from jitserve.sidecar.metrics import SidecarMetrics
-
-    metrics = SidecarMetrics()
-    registry = metrics.registry
-    requests, goodput, cutoff = metrics.requests, metrics.goodput_tokens, metrics.effective_cutoff
+    requests, goodput, cutoff, registry = sidecar_contract_metrics()
     requests.labels("a", "latency", "chat", "met").inc(9)
     requests.labels("a", "latency", "chat", "missed").inc(1)
     requests.labels("b", "deadline", "batch", "met").inc(3)
