@@ -179,7 +179,7 @@ def test_gmax_preempts_only_when_gain_exceeds_cost() -> None:
 
 def test_gmax_retires_overdue_and_unreachable_requests() -> None:
     gmax = GMAX(fixed())
-    # never scheduled within maxWaitingSeconds (5 s): retired
+    # waited past maxWaitingSeconds (5 s) and left out of the group (B = 1): retired
     stale = live("stale", arrival=0.0, prompt=10, output=1000, slo=DeadlineSLO(100))
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     best = live("best", arrival=9.0, prompt=2000, output=10, slo=DeadlineSLO(100))
@@ -188,6 +188,14 @@ def test_gmax_retires_overdue_and_unreachable_requests() -> None:
     plan = gmax.frame(view([], batch=1, now=10.0))
     assert {r.req.request_id for r in plan.retire} == {"stale", "doomed"}
     assert gmax.pop_next(10.0) is best
+
+
+def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
+    gmax = GMAX(fixed())
+    patient = live("patient", arrival=0.0, slo=DeadlineSLO(100))
+    gmax.enqueue(patient, 9.0)
+    assert gmax.frame(view([], batch=8, now=10.0)).retire == []
+    assert gmax.pop_next(10.0) is patient
 
 
 def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
