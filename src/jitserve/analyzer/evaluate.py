@@ -167,16 +167,21 @@ def grpc_latency(model: LengthModel, test: Sequence[LengthRecord], quantile: flo
                              model=r.model, prompt_text=r.prompt_text)) for i, r in enumerate(test)]
 
     def timed(batch: int, calls: int, text: bool) -> list[float]:
+        """Each query gets a fresh request id, so no server-side cache can answer it."""
         out = []
         for c in range(calls):
             start = (c * batch) % max(1, len(msgs) - batch)
-            queries = msgs[start:start + batch]
-            if not text:
-                queries = [pb.LengthQuery(prompt_tokens=q.prompt_tokens, app=q.app, model=q.model)
-                           for q in queries]
+            queries = []
+            for j, q in enumerate(msgs[start:start + batch]):
+                fresh = pb.LengthQuery()
+                fresh.CopyFrom(q)
+                fresh.request_id = f"lat-{batch}-{text}-{c}-{j}"
+                if not text:
+                    fresh.prompt_text = ""
+                queries.append(fresh)
             request = pb.PredictRequest(queries=queries)
             t0 = time.perf_counter()
-            stub.PredictBound(request, timeout=1.0)
+            stub.PredictBound(request, timeout=30.0)
             out.append(time.perf_counter() - t0)
         return out
 
