@@ -119,6 +119,12 @@ def to_graph(stages: Sequence[StageSummary], app: str = "", program_id: str = ""
     return graph
 
 
+def _num(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"expected a number in the graph, got {value!r}")
+
+
 def from_graph(graph: nx.DiGraph) -> list[StageSummary]:
     """Stage summaries back from a pattern graph (inverse of :func:`to_graph`)."""
     by_stage: dict[int, list[dict[str, object]]] = {}
@@ -136,10 +142,10 @@ def from_graph(graph: nx.DiGraph) -> list[StageSummary]:
         tool = tools.get(s)
         out.append(StageSummary(
             models=tuple(sorted(str(n["model"]) for n in nodes)),
-            calls=int(str(first["calls"])), input_tokens=int(str(first["input"])),
-            output_tokens=int(str(first["output"])),
+            calls=int(_num(first["calls"])), input_tokens=int(_num(first["input"])),
+            output_tokens=int(_num(first["output"])),
             tool=str(tool["tool"]) if tool else NO_TOOL,
-            tool_s=float(str(tool["seconds"])) if tool else 0.0,
-            stage_s=float(str(first["stage_s"])),
+            tool_s=_num(tool["seconds"]) if tool else 0.0,
+            stage_s=_num(first["stage_s"]),
         ))
     return out
