@@ -245,6 +245,8 @@ def test_estimators_refine_and_never_undercut_generated() -> None:
     assert q.bound(r, 0) == 901
     assert q.bound(r, 950) >= 951
     assert q.bound(r, 0) / 500 > q.bound(r, 500) / 750  # relaxes toward the truth
+    assert q.expected(r, 0) == 500.0  # mean of 1..1000 (rounded)
+    assert q.expected(r, 800) == 900.0  # mean of 801..1000
     assert OracleEstimator().bound(live("o", output=42).req, 10) == 42
     mean = MeanEstimator(prior_tokens=100)
     mean.observe(r, 300)

@@ -52,7 +52,8 @@ from jitserve.scheduling.estimators import LengthEstimator
 FloatArray = npt.NDArray[np.float64]
 
 LEVELS: FloatArray = np.concatenate(
-    [np.arange(1, 19) / 20.0, [0.925, 0.95, 0.975, 0.99, 0.995, 0.999]])
+    [np.arange(1, 19) / 20.0, [0.925, 0.95, 0.975, 0.99, 0.995, 0.999]]
+)
 """Quantile levels of the predictive curve a forest returns for each request."""
 _LEVEL_LIST: list[float] = [float(x) for x in LEVELS]
 PROMPT_BUCKETS_PER_OCTAVE = 8
@@ -82,8 +83,13 @@ class ForestConfig:
 class Forest:
     """A fitted quantile forest over one feature view, with its calibration."""
 
-    def __init__(self, forest: RandomForestQuantileRegressor, space: F.FeatureSpace,
-                 text: bool, calibration: FloatArray) -> None:
+    def __init__(
+        self,
+        forest: RandomForestQuantileRegressor,
+        space: F.FeatureSpace,
+        text: bool,
+        calibration: FloatArray,
+    ) -> None:
         self.forest = forest
         self.space = space
         self.text = text
@@ -98,8 +104,9 @@ class Forest:
         for t, estimator in enumerate(estimators):
             leaves[:, t] = estimator.tree_.apply(x)
         out = self.forest.forest_.predict(_LEVEL_LIST, leaves, None, b"linear", True, False, True)
-        curves: FloatArray = np.maximum.accumulate(np.asarray(out, dtype=np.float64)[:, 0, :],
-                                                   axis=1)
+        curves: FloatArray = np.maximum.accumulate(
+            np.asarray(out, dtype=np.float64)[:, 0, :], axis=1
+        )
         return curves
 
 
@@ -111,8 +118,14 @@ def _calibration(curves: FloatArray, truth: FloatArray) -> FloatArray:
     return result
 
 
-def _fit_forest(x: npt.NDArray[np.float32], y: FloatArray, space: F.FeatureSpace, text: bool,
-                config: ForestConfig, seed: int) -> Forest:
+def _fit_forest(
+    x: npt.NDArray[np.float32],
+    y: FloatArray,
+    space: F.FeatureSpace,
+    text: bool,
+    config: ForestConfig,
+    seed: int,
+) -> Forest:
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(y))
     n_cal = max(1, int(len(y) * config.calibration_fraction))
@@ -143,8 +156,9 @@ def _pareto_alpha(curve: FloatArray, calibration: FloatArray) -> float:
     return min(8.0, max(1.0, alpha))
 
 
-def conditional_bound(curve: FloatArray, calibration: FloatArray, quantile: float,
-                      generated: int) -> int:
+def conditional_bound(
+    curve: FloatArray, calibration: FloatArray, quantile: float, generated: int
+) -> int:
     """The ``quantile`` of total output length given that it exceeds ``generated``.
 
     ``curve[i]`` is the predicted length at calibrated CDF level ``calibration[i]``.
@@ -190,8 +204,9 @@ class LengthQuery:
 
     @staticmethod
     def of(req: Request) -> LengthQuery:
-        return LengthQuery(req.prompt_tokens, req.app, req.model, req.kind.value,
-                           req.prompt_text, req.max_tokens)
+        return LengthQuery(
+            req.prompt_tokens, req.app, req.model, req.kind.value, req.prompt_text, req.max_tokens
+        )
 
 
 def _bucket(prompt_tokens: int) -> int:
@@ -202,8 +217,15 @@ class LengthModel:
     """A trained length model: forests for the meta and text views. Immutable, except
     for its prediction cache; safe to share between threads."""
 
-    def __init__(self, meta: Forest, text: Forest | None, version: int, trained_at: float,
-                 rows: int, observed_rows: int) -> None:
+    def __init__(
+        self,
+        meta: Forest,
+        text: Forest | None,
+        version: int,
+        trained_at: float,
+        rows: int,
+        observed_rows: int,
+    ) -> None:
         self.meta = meta
         self.text = text
         self.version = version
@@ -225,8 +247,12 @@ class LengthModel:
 
     def _meta_key(self, q: LengthQuery) -> tuple[int, float, str, int]:
         space = self.meta.space
-        return (space.app_index(q.app), space.model_code(q.model), q.slo_kind,
-                _bucket(q.prompt_tokens))
+        return (
+            space.app_index(q.app),
+            space.model_code(q.model),
+            q.slo_kind,
+            _bucket(q.prompt_tokens),
+        )
 
     def curves(self, queries: Sequence[LengthQuery]) -> list[tuple[FloatArray, FloatArray]]:
         """(curve, calibration) for every query; text view when the query has text."""
@@ -236,8 +262,11 @@ class LengthModel:
             space = self.text.space
             picked = [queries[i] for i in text_ix]
             rows = F.text_matrix(
-                space, [q.prompt_tokens for q in picked], [q.app for q in picked],
-                [q.model for q in picked], [q.slo_kind for q in picked],
+                space,
+                [q.prompt_tokens for q in picked],
+                [q.app for q in picked],
+                [q.model for q in picked],
+                [q.slo_kind for q in picked],
                 [q.prompt_text or "" for q in picked],
             )
             for i, curve in zip(text_ix, self.text.curves(rows), strict=True):
@@ -258,8 +287,11 @@ class LengthModel:
             keys = list(missing)
             reps = [queries[missing[k][0]] for k in keys]
             rows = F.meta_matrix(
-                space, [round(2 ** (k[3] / PROMPT_BUCKETS_PER_OCTAVE)) for k in keys],
-                [q.app for q in reps], [q.model for q in reps], [q.slo_kind for q in reps],
+                space,
+                [round(2 ** (k[3] / PROMPT_BUCKETS_PER_OCTAVE)) for k in keys],
+                [q.app for q in reps],
+                [q.model for q in reps],
+                [q.slo_kind for q in reps],
             )
             fresh = self.meta.curves(rows)
             with self._lock:
@@ -271,8 +303,12 @@ class LengthModel:
                         result[i] = (curve, self.meta.calibration)
         return [r for r in result if r is not None]
 
-    def bounds(self, queries: Sequence[LengthQuery], quantile: float,
-               generated: Sequence[int] | None = None) -> list[int]:
+    def bounds(
+        self,
+        queries: Sequence[LengthQuery],
+        quantile: float,
+        generated: Sequence[int] | None = None,
+    ) -> list[int]:
         gen = generated if generated is not None else [0] * len(queries)
         out = []
         for q, g, (curve, cal) in zip(queries, gen, self.curves(queries), strict=True):
@@ -306,13 +342,17 @@ class ObservationBuffer:
         return len(self.records)
 
 
-def _training_rows(corpus: Sequence[LengthRecord], observed: Sequence[LengthRecord],
-                   config: ForestConfig, rng: np.random.Generator) -> list[LengthRecord]:
+def _training_rows(
+    corpus: Sequence[LengthRecord],
+    observed: Sequence[LengthRecord],
+    config: ForestConfig,
+    rng: np.random.Generator,
+) -> list[LengthRecord]:
     real_counts: dict[str, int] = {}
     for r in observed:
         real_counts[r.app] = real_counts.get(r.app, 0) + 1
     replaced = {app for app, n in real_counts.items() if n >= config.min_real_per_app}
-    real = list(observed)[-config.max_rows:]
+    real = list(observed)[-config.max_rows :]
     synthetic = [r for r in corpus if r.app not in replaced]
     room = config.max_rows - len(real)
     if len(synthetic) > room:
@@ -322,8 +362,9 @@ def _training_rows(corpus: Sequence[LengthRecord], observed: Sequence[LengthReco
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.app] = counts.get(r.app, 0) + 1
-    rows = [r if counts[r.app] >= config.min_rows_per_app else replace(r, app=F.OTHER_APP)
-            for r in rows]
+    rows = [
+        r if counts[r.app] >= config.min_rows_per_app else replace(r, app=F.OTHER_APP) for r in rows
+    ]
     n_other = int(len(rows) * config.other_fraction)
     if n_other and rows:
         picks = rng.choice(len(rows), size=n_other, replace=False)
@@ -331,9 +372,14 @@ def _training_rows(corpus: Sequence[LengthRecord], observed: Sequence[LengthReco
     return rows
 
 
-def train_model(corpus: Sequence[LengthRecord], observed: Sequence[LengthRecord] = (),
-                config: ForestConfig | None = None, seed: int = 0, version: int = 1,
-                previous: LengthModel | None = None) -> LengthModel:
+def train_model(
+    corpus: Sequence[LengthRecord],
+    observed: Sequence[LengthRecord] = (),
+    config: ForestConfig | None = None,
+    seed: int = 0,
+    version: int = 1,
+    previous: LengthModel | None = None,
+) -> LengthModel:
     """Fit a :class:`LengthModel`. The text forest is refitted only when text rows
     were observed since ``previous`` (or there is no previous model)."""
     config = config or ForestConfig()
@@ -343,8 +389,13 @@ def train_model(corpus: Sequence[LengthRecord], observed: Sequence[LengthRecord]
         raise ValueError(f"need at least 20 training rows, got {len(rows)}")
     space = F.FeatureSpace.build((r.app for r in rows), (r.model for r in rows))
     y = np.array([r.output_tokens for r in rows], dtype=np.float64)
-    x_meta = F.meta_matrix(space, [r.prompt_tokens for r in rows], [r.app for r in rows],
-                           [r.model for r in rows], [r.slo_kind for r in rows])
+    x_meta = F.meta_matrix(
+        space,
+        [r.prompt_tokens for r in rows],
+        [r.app for r in rows],
+        [r.model for r in rows],
+        [r.slo_kind for r in rows],
+    )
     meta = _fit_forest(x_meta, y, space, False, config, seed)
     observed_text = any(r.prompt_text for r in observed)
     text: Forest | None
@@ -355,8 +406,11 @@ def train_model(corpus: Sequence[LengthRecord], observed: Sequence[LengthRecord]
         text = None
         if len(with_text) >= 20:
             x_text = F.text_matrix(
-                space, [r.prompt_tokens for r in with_text], [r.app for r in with_text],
-                [r.model for r in with_text], [r.slo_kind for r in with_text],
+                space,
+                [r.prompt_tokens for r in with_text],
+                [r.app for r in with_text],
+                [r.model for r in with_text],
+                [r.slo_kind for r in with_text],
                 [r.prompt_text or "" for r in with_text],
             )
             y_text = np.array([r.output_tokens for r in with_text], dtype=np.float64)
@@ -365,8 +419,14 @@ def train_model(corpus: Sequence[LengthRecord], observed: Sequence[LengthRecord]
 
 
 def record_of(query: LengthQuery, output_tokens: int) -> LengthRecord:
-    return LengthRecord(query.prompt_text, query.prompt_tokens, output_tokens, query.app,
-                        query.model, query.slo_kind)
+    return LengthRecord(
+        query.prompt_text,
+        query.prompt_tokens,
+        output_tokens,
+        query.app,
+        query.model,
+        query.slo_kind,
+    )
 
 
 _PRETRAINED: dict[tuple[int, int], LengthModel] = {}
@@ -375,8 +435,10 @@ DEFAULT_CORPUS_SIZE = 12_000
 
 
 @functools.lru_cache(maxsize=4)
-def pretrained_corpus(seed: int = 0, corpus_size: int = DEFAULT_CORPUS_SIZE,
-                      ) -> tuple[LengthRecord, ...]:
+def pretrained_corpus(
+    seed: int = 0,
+    corpus_size: int = DEFAULT_CORPUS_SIZE,
+) -> tuple[LengthRecord, ...]:
     """The synthetic corpus (memoised: records are immutable)."""
     return tuple(length_corpus(corpus_size, seed))
 
@@ -400,10 +462,18 @@ class QRFEstimator(LengthEstimator):
 
     name = "qrf"
 
-    def __init__(self, model: LengthModel, quantile: float = 0.95, *,
-                 corpus: Sequence[LengthRecord] = (), retrain_every: int = 0,
-                 buffer_size: int = 50_000, config: ForestConfig | None = None,
-                 seed: int = 0, curve_cache: int = 65_536) -> None:
+    def __init__(
+        self,
+        model: LengthModel,
+        quantile: float = 0.95,
+        *,
+        corpus: Sequence[LengthRecord] = (),
+        retrain_every: int = 0,
+        buffer_size: int = 50_000,
+        config: ForestConfig | None = None,
+        seed: int = 0,
+        curve_cache: int = 65_536,
+    ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         if retrain_every < 0:
@@ -421,9 +491,14 @@ class QRFEstimator(LengthEstimator):
         self._curve_cache = curve_cache
 
     @classmethod
-    def pretrained(cls, quantile: float = 0.95, seed: int = 0, *,
-                   corpus_size: int = DEFAULT_CORPUS_SIZE, retrain_every: int = 4000,
-                   ) -> QRFEstimator:
+    def pretrained(
+        cls,
+        quantile: float = 0.95,
+        seed: int = 0,
+        *,
+        corpus_size: int = DEFAULT_CORPUS_SIZE,
+        retrain_every: int = 4000,
+    ) -> QRFEstimator:
         """Trained on the synthetic corpus (a few seconds, once per process per seed);
         learns online from ``observe``."""
         model = pretrained_model(seed, corpus_size)
@@ -445,8 +520,16 @@ class QRFEstimator(LengthEstimator):
 
     def bound(self, req: Request, generated: int) -> int:
         curve, cal = self._curve(req)
-        return cap_bound(conditional_bound(curve, cal, self.quantile, generated), req.max_tokens,
-                         generated)
+        return cap_bound(
+            conditional_bound(curve, cal, self.quantile, generated), req.max_tokens, generated
+        )
+
+    def expected(self, req: Request, generated: int) -> float:
+        """Conditional mean of the same predicted distribution (midpoint rule over five
+        equal-probability strata of the remaining tail)."""
+        curve, cal = self._curve(req)
+        strata = [conditional_bound(curve, cal, q, generated) for q in (0.1, 0.3, 0.5, 0.7, 0.9)]
+        return float(cap_bound(round(sum(strata) / len(strata)), req.max_tokens, generated))
 
     def bounds(self, reqs: Sequence[Request], generated: Sequence[int]) -> list[int]:
         """Batch form of :meth:`bound`."""
@@ -462,8 +545,14 @@ class QRFEstimator(LengthEstimator):
     def retrain(self) -> LengthModel:
         """Retrain now on the corpus plus the buffer, and swap the model in."""
         version = self.model.version
-        self.model = train_model(self.corpus, list(self.buffer.records), self.config,
-                                 seed=self.seed + version, version=version + 1, previous=self.model)
+        self.model = train_model(
+            self.corpus,
+            list(self.buffer.records),
+            self.config,
+            seed=self.seed + version,
+            version=version + 1,
+            previous=self.model,
+        )
         self._text_curves.clear()
         self._since_retrain = 0
         self.retrains += 1

@@ -10,6 +10,7 @@ regression forest (``jitserve.analyzer``) behind the same interface.
 from __future__ import annotations
 
 import bisect
+import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 
@@ -76,7 +77,8 @@ class MeanEstimator(LengthEstimator):
 class QuantileEstimator(LengthEstimator):
     """The q-quantile of lengths seen so far (a sliding window), conditioned on the
     tokens already generated: among past lengths longer than ``generated``, the
-    q-quantile. The bound therefore relaxes toward the truth as generation proceeds."""
+    q-quantile. The bound therefore relaxes toward the truth as generation proceeds.
+    ``expected`` is the conditional mean over the same window."""
 
     name = "quantile"
 
@@ -91,6 +93,7 @@ class QuantileEstimator(LengthEstimator):
         self.quantile = quantile
         self._window: deque[int] = deque(maxlen=window)
         self._sorted: list[int] = []
+        self._prefix: list[int] | None = None  # prefix sums of _sorted, rebuilt lazily
         for length in prior:
             self.observe_length(length)
 
@@ -100,25 +103,29 @@ class QuantileEstimator(LengthEstimator):
             del self._sorted[bisect.bisect_left(self._sorted, old)]
         self._window.append(output_tokens)
         bisect.insort(self._sorted, output_tokens)
+        self._prefix = None
 
     def observe(self, req: Request, output_tokens: int) -> None:
         self.observe_length(output_tokens)
 
-    def _conditional(self, req: Request, generated: int, quantile: float) -> int:
+    def bound(self, req: Request, generated: int) -> int:
         lengths = self._sorted
         start = bisect.bisect_right(lengths, generated)
         tail = len(lengths) - start
         if tail == 0:
             return _cap(req, 2 * generated + 1, generated)
-        index = start + min(tail - 1, int(quantile * tail))
-        return _cap(req, lengths[index], generated)
-
-    def bound(self, req: Request, generated: int) -> int:
-        return self._conditional(req, generated, self.quantile)
+        return _cap(req, lengths[start + min(tail - 1, int(self.quantile * tail))], generated)
 
     def expected(self, req: Request, generated: int) -> float:
-        """The conditional median."""
-        return float(self._conditional(req, generated, 0.5))
+        lengths = self._sorted
+        start = bisect.bisect_right(lengths, generated)
+        tail = len(lengths) - start
+        if tail == 0:
+            return float(_cap(req, 2 * generated + 1, generated))
+        if self._prefix is None:
+            self._prefix = [0, *itertools.accumulate(lengths)]
+        mean = (self._prefix[-1] - self._prefix[start]) / tail
+        return float(_cap(req, round(mean), generated))
 
 
 class StageShareEstimator(ABC):

@@ -45,6 +45,7 @@ class Setup:
 VARIANTS: dict[str, tuple[str, str, str]] = {
     "gmax": ("gmax", "quantile", "uniform"),
     "gmax-mean": ("gmax", "mean", "uniform"),
+    "gmax-qrf": ("gmax", "qrf", "pattern"),
     "oracle": ("gmax", "oracle", "oracle"),
     **{name: (name, "quantile", "uniform") for name in BASELINES},
 }
@@ -68,7 +69,15 @@ def make_policy(spec: SLOPolicySpec, seed: int = 0, name: str | None = None) -> 
     raise ValueError(f"unknown policy {scheduler!r}; known: {', '.join(policy_names())}")
 
 
-def make_estimator(kind: str, quantile: float = 0.95) -> LengthEstimator:
+def make_estimator(kind: str, quantile: float = 0.95, seed: int = 0) -> LengthEstimator:
+    if kind == "qrf":
+        try:
+            from jitserve.analyzer.qrf import QRFEstimator
+        except ImportError as err:
+            raise ValueError(
+                f"the qrf estimator needs the analyzer extra ({err.name} missing)"
+            ) from err
+        return QRFEstimator.pretrained(quantile=quantile, seed=seed)
     if kind == "oracle":
         return OracleEstimator()
     if kind == "mean":
@@ -79,23 +88,23 @@ def make_estimator(kind: str, quantile: float = 0.95) -> LengthEstimator:
 
 
 def make_stage_share(kind: str) -> StageShareEstimator:
+    if kind == "pattern":
+        try:
+            from jitserve.analyzer.matcher import PatternMatcher
+        except ImportError as err:
+            raise ValueError(
+                f"pattern matching needs the analyzer extra ({err.name} missing)"
+            ) from err
+        return PatternMatcher()
     return OracleStageShare() if kind == "oracle" else UniformStageShare()
 
 
-EXTRA_VARIANTS: dict[str, Callable[[SLOPolicySpec, int], Setup]] = {}
-"""Variants registered by optional components (e.g. ``gmax-qrf`` from the analyzer)."""
-
-
 def make_setup(name: str, spec: SLOPolicySpec, seed: int = 0) -> Setup:
-    if name in EXTRA_VARIANTS:
-        return EXTRA_VARIANTS[name](spec, seed)
     if name not in VARIANTS:
-        raise ValueError(
-            f"unknown policy {name!r}; known: {', '.join(policy_names() + list(EXTRA_VARIANTS))}"
-        )
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
     scheduler, estimator, stage_share = VARIANTS[name]
     return Setup(
         make_policy(spec, seed, scheduler),
-        make_estimator(estimator, spec.scheduler.length_quantile),
+        make_estimator(estimator, spec.scheduler.length_quantile, seed),
         make_stage_share(stage_share),
     )
