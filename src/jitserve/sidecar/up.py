@@ -1,0 +1,184 @@
+"""``jitserve up``: the whole serving stack on one machine (owner: sidecar).
+
+Starts, as child processes in their own process groups:
+
+1. vLLM (CPU build, its own venv from ``scripts/setup-vllm.sh``) serving a tiny
+   LlamaForCausalLM made locally (``--load-format dummy``), unless ``--backend URL``
+   points at an existing vLLM (e.g. a GPU one);
+2. the analyzer, when the analyzer component is installed (``jitserve analyzer serve``);
+   the sidecar falls back to its local length estimator otherwise;
+3. the scheduler sidecar (``jitserve sidecar serve``) on ``--port``.
+
+Waits until the sidecar's ``/ready`` answers, prints the endpoint and a curl line, and
+stops everything (sidecar, analyzer, vLLM, in that order) on Ctrl-C or SIGTERM, or when a
+child dies (its log tail is printed). Logs go to ``--log-dir`` (default: the cache dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.sidecar import vllm as vl
+
+
+def _cli_error(message: str) -> Exception:
+    from jitserve.cli import CLIError
+
+    return CLIError(message)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("up", help="run vLLM (tiny CPU model) + analyzer + sidecar locally")
+    p.add_argument("--port", type=int, default=8080, help="the sidecar's port (the endpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="the sidecar's bind address")
+    p.add_argument("--backend", default=None,
+                   help="front an existing vLLM at this URL instead of starting one")
+    p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--model", type=Path, default=None,
+                   help="model folder for vLLM (default: the tiny model, made if missing)")
+    p.add_argument("--real-weights", action="store_true",
+                   help="load --model's weights instead of dummy ones")
+    p.add_argument("--config", type=Path, default=None,
+                   help="SLOPolicy spec file (hot-reloaded); default: written with defaults")
+    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
+    p.add_argument("--analyzer-port", type=int, default=50051)
+    p.add_argument("--log-dir", type=Path, default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    p.set_defaults(handler=main)
+
+
+class Stack:
+    """The child processes of ``jitserve up``, stopped in reverse start order."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+        self._logs: list[IO[bytes]] = []
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
+              ) -> subprocess.Popen[bytes]:
+        log_path = self.log_dir / f"{name}.log"
+        handle = log_path.open("ab")
+        self._logs.append(handle)
+        proc = vl.start_process(cmd, handle, env)
+        self.children.append((name, proc, log_path))
+        print(f"  {name}: pid {proc.pid}, log {log_path}", flush=True)
+        return proc
+
+    def dead(self) -> tuple[str, subprocess.Popen[bytes], Path] | None:
+        for child in self.children:
+            if child[1].poll() is not None:
+                return child
+        return None
+
+    def stop(self) -> None:
+        for name, proc, _ in reversed(self.children):
+            if proc.poll() is None:
+                print(f"  stopping {name} (pid {proc.pid})", flush=True)
+            vl.stop_process(proc)
+        for handle in self._logs:
+            handle.close()
+
+
+def _wait_ready(stack: Stack, url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dead = stack.dead()
+        if dead is not None:
+            name, child, log_path = dead
+            raise _cli_error(f"{name} exited with code {child.returncode} during start-up; "
+                             f"last lines of {log_path}:\n{vl.tail(log_path)}")
+        if vl.wait_http_ok(url, 1.0, proc, interval_s=0.25):
+            return
+    raise _cli_error(f"{url} not ready after {timeout_s:.0f} s; logs in {stack.log_dir}")
+
+
+def main(args: argparse.Namespace) -> int:
+    log_dir = args.log_dir or vl.cache_dir() / "up-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = args.config
+    if config is None:
+        config = vl.cache_dir() / "up-policy.yaml"
+        if not config.exists():
+            config.write_text(dump_policy_yaml(SLOPolicySpec()))
+    elif not config.exists():
+        raise _cli_error(f"--config {config}: no such file")
+    stack = Stack(log_dir)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    print(f"jitserve up: logs in {log_dir}", flush=True)
+    try:
+        backend = args.backend
+        if backend is None:
+            python = vl.vllm_python()
+            if python is None:
+                raise _cli_error("vLLM is not installed: run scripts/setup-vllm.sh (or set "
+                                 "JITSERVE_VLLM_PYTHON), or pass --backend URL")
+            model = args.model or vl.ensure_tiny_model(python=python)
+            backend = f"http://127.0.0.1:{args.vllm_port}"
+            vllm_proc = stack.start("vllm", vl.vllm_command(
+                python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
+                max_num_seqs=max(args.max_running, 16)), vl.vllm_env())
+            print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
+                  flush=True)
+            _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)
+        analyzer = None
+        if not args.no_analyzer and importlib.util.find_spec("jitserve.analyzer.cli") is not None:
+            proc = stack.start("analyzer", [sys.executable, "-m", "jitserve.cli", "analyzer",
+                                            "serve", "--port", str(args.analyzer_port)])
+            time.sleep(2.0)
+            if proc.poll() is None:
+                analyzer = f"127.0.0.1:{args.analyzer_port}"
+            else:
+                print("  analyzer did not start; the sidecar uses its local estimator",
+                      flush=True)
+                stack.children = [c for c in stack.children if c[1] is not proc]
+        cmd = [sys.executable, "-m", "jitserve.cli", "sidecar", "serve", "--backend", backend,
+               "--host", args.host, "--port", str(args.port), "--config", str(config),
+               "--max-running", str(args.max_running)]
+        if analyzer:
+            cmd += ["--analyzer", analyzer]
+        sidecar = stack.start("sidecar", cmd)
+        endpoint = f"http://{args.host}:{args.port}"
+        _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)
+        print(f"\njitserve is up: {endpoint}  (policy file {config}, hot-reloaded)\n"
+              f"  curl -N {endpoint}/v1/chat/completions -H 'content-type: application/json' "
+              "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], "
+              "\"max_tokens\": 32, \"stream\": true, "
+              "\"slo\": {\"kind\": \"latency\", \"ttft_ms\": 500, \"tbt_ms\": 50}}'\n"
+              f"  metrics: {endpoint}/metrics   ready: {endpoint}/ready\n"
+              "Ctrl-C stops everything.", flush=True)
+        while True:
+            dead = stack.dead()
+            if dead is not None:
+                name, child, log_path = dead
+                print(f"{name} exited with code {child.returncode}; last lines of {log_path}:\n"
+                      f"{vl.tail(log_path)}", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.5)
+    except _Stop as stop:
+        print(f"\n{stop}: stopping", flush=True)
+        return 0
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

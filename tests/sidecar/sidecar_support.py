@@ -1,0 +1,151 @@
+"""Helpers of the sidecar tests (owner: sidecar): a sidecar process, a streaming client,
+and Prometheus text parsing. Nothing here fakes vLLM; the one fake backend
+of the suite lives in test_sidecar_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from jitserve.sidecar import vllm as vl
+from jitserve.sidecar.loadgen import StreamResult, stream_completion
+
+
+class SidecarProcess:
+    """A real sidecar, ``jitserve sidecar serve``, in its own process on a free port
+    (own process, own GIL: the test's client cannot slow its event loop down)."""
+
+    def __init__(
+        self,
+        backend_url: str,
+        *,
+        config: Path,
+        max_running: int = 4,
+        api_keys: dict[str, str] | None = None,
+        max_body_bytes: int | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.port = vl.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = config
+        cmd = [
+            sys.executable,
+            "-m",
+            "jitserve.cli",
+            "sidecar",
+            "serve",
+            "--backend",
+            backend_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--config",
+            str(config),
+            "--max-running",
+            str(max_running),
+            "--reload-interval",
+            "0.2",
+            "--log-level",
+            "INFO",
+        ]
+        for key, tenant in (api_keys or {}).items():
+            cmd += ["--api-key", f"{tenant}={key}"]
+        if max_body_bytes is not None:
+            cmd += ["--max-body-bytes", str(max_body_bytes)]
+        self.log_path = log_path or config.with_suffix(".log")
+        self._log = self.log_path.open("ab")
+        self.proc = vl.start_process(cmd, self._log)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        if not vl.wait_http_ok(self.url + "/ready", timeout, self.proc):
+            raise AssertionError(
+                f"sidecar not ready ({get_json(self.url + '/ready')}); log:\n"
+                f"{vl.tail(self.log_path)}"
+            )
+
+    def state(self) -> dict[str, Any]:
+        """The sidecar's /debug/scheduler: policy figures, queue, running, frames."""
+        status, doc = get_json(self.url + "/debug/scheduler")
+        assert status == 200, doc
+        result: dict[str, Any] = doc
+        return result
+
+    def close(self) -> None:
+        vl.stop_process(self.proc)
+        self._log.close()
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def post(
+    url: str,
+    body: bytes | dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"content-type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), json.loads(err.read() or b"null")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric_name, _, label_text = head.partition("{")
+        if metric_name != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+            found = True
+    if not found:
+        raise KeyError(f"no sample {name}{labels}")
+    return total
+
+
+def stream(
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/completions",
+) -> StreamResult:
+    async def go() -> StreamResult:
+        async with aiohttp.ClientSession() as session:
+            return await stream_completion(session, url, body, headers, path)
+
+    return asyncio.run(go())
+
+
+def alternates(ids: list[int]) -> bool:
+    """The tiny dummy model's greedy output is a strict two-token cycle ABAB...: a token
+    duplicated, dropped or reordered at a preemption boundary breaks it."""
+    return len(ids) >= 2 and all(ids[i] == ids[i % 2] for i in range(len(ids))) and ids[0] != ids[1]

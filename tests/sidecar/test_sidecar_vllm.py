@@ -1,0 +1,515 @@
+"""The sidecar in front of a real vLLM (CPU build, tiny dummy model) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from sidecar_support import (
+    SidecarProcess,
+    alternates,
+    get_json,
+    get_text,
+    metric,
+    post,
+    stream,
+)
+
+from jitserve.sidecar.loadgen import StreamResult, stream_completion
+
+pytestmark = pytest.mark.timeout(240)
+
+PROMPT = [5, 17, 99, 400, 23, 8, 77]
+
+Factory = Callable[..., SidecarProcess]
+
+
+@pytest.fixture
+def sidecar(vllm_url: str, tmp_path: Path) -> Iterator[Factory]:
+    """Start sidecars in front of the session's vLLM; each gets its own policy file."""
+    started: list[SidecarProcess] = []
+
+    def make(policy: dict[str, Any] | None = None, **settings: Any) -> SidecarProcess:
+        config = tmp_path / f"policy-{len(started)}.yaml"
+        config.write_text(yaml.safe_dump(policy or {}))
+        s = SidecarProcess(vllm_url, config=config, **settings)
+        started.append(s)
+        s.wait_ready()
+        return s
+
+    yield make
+    for s in started:
+        s.close()
+
+
+def vllm_metric(vllm_url: str, name: str, **labels: str) -> float:
+    return metric(get_text(vllm_url + "/metrics"), name, **labels)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def body(max_tokens: int, slo: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+    if slo is not None:
+        doc["slo"] = slo
+    return doc
+
+
+# ---- API -------------------------------------------------------------------------------
+def test_streamed_tokens_arrive_incrementally(sidecar: Factory) -> None:
+    s = sidecar()
+    result = stream(s.url, body(64, {"kind": "latency", "ttft_ms": 2000, "tbt_ms": 200}))
+    assert result.status == 200 and result.error is None
+    assert result.finish_reason == "length"
+    assert len(result.token_ids) == 64
+    arrivals = sorted(set(result.token_times))
+    # tokens arrive in many separate events spread over the generation (vLLM merges the
+    # steps a slow reader missed into one event, so not necessarily one per token)
+    assert len(arrivals) >= 8
+    assert arrivals[-1] - arrivals[0] > 0.05
+    assert result.token_times[0] < result.end_s - 0.05
+    assert result.extension is not None and result.extension["slo_kind"] == "latency"
+    assert result.extension["outcome"] in ("met", "missed")
+
+    chat = stream(
+        s.url,
+        {
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 12,
+            "ignore_eos": True,
+        },
+        path="/v1/chat/completions",
+    )
+    assert chat.status == 200 and chat.finish_reason == "length" and len(chat.token_ids) == 12
+
+
+def test_non_streamed_responses_carry_usage(sidecar: Factory) -> None:
+    s = sidecar()
+    status, headers, doc = post(
+        s.url + "/v1/completions", {"prompt": "hello world", "max_tokens": 9, "ignore_eos": True}
+    )
+    assert status == 200, doc
+    assert doc["object"] == "text_completion" and doc["choices"][0]["finish_reason"] == "length"
+    assert doc["usage"]["completion_tokens"] == 9
+    assert doc["usage"]["total_tokens"] == doc["usage"]["prompt_tokens"] + 9
+    assert headers["x-jitserve-request-id"] == doc["id"]
+    status, _, doc = post(
+        s.url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "slo": {"kind": "deadline", "deadline_s": 30},
+        },
+    )
+    assert status == 200, doc
+    assert doc["object"] == "chat.completion"
+    assert doc["choices"][0]["message"]["role"] == "assistant"
+    assert doc["usage"]["completion_tokens"] == 5
+    status, models = get_json(s.url + "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["tiny-llama"]
+
+
+def test_errors_are_openai_shaped(sidecar: Factory) -> None:
+    s = sidecar(max_body_bytes=4096)
+    url = s.url + "/v1/completions"
+    status, _, doc = post(url, b"{not json")
+    assert status == 400 and doc["error"]["param"] == "body"
+    status, _, doc = post(url, {"prompt": "hi", "slo": {"kind": "latency", "ttft_ms": -1}})
+    assert status == 400 and doc["error"]["param"] == "slo.ttft_ms"
+    assert doc["error"]["type"] == "invalid_request_error" and "message" in doc["error"]
+    status, _, doc = post(url, {"prompt": "hi"}, {"x-slo-tpot-ms": "fast"})
+    assert status == 400 and doc["error"]["param"] == "x-slo-tpot-ms"
+    status, _, doc = post(url, {"prompt": "hi", "max_tokens": 5000})
+    assert status == 400 and doc["error"]["param"] == "max_tokens"
+    status, _, doc = post(url, {"prompt": "x" * 10_000})
+    assert status == 413 and doc["error"]["code"] == "request_too_large"
+    status, _, doc = post(url, {"prompt": "hi", "model": "gpt-7"})
+    assert status == 404 and doc["error"]["code"] == "model_not_found"
+    status, doc = get_json(s.url + "/v2/nothing")
+    assert status == 404 and "error" in doc
+
+
+def test_tenants_come_from_api_keys(sidecar: Factory) -> None:
+    s = sidecar(api_keys={"key-a": "team-a"})
+    url = s.url + "/v1/completions"
+    status, _, doc = post(url, {"prompt": "hi", "max_tokens": 2})
+    assert status == 401 and doc["error"]["code"] == "invalid_api_key"
+    status, _, doc = post(
+        url,
+        {"prompt": "hi", "max_tokens": 2},
+        {"Authorization": "Bearer key-a", "x-tenant": "team-b"},
+    )
+    assert status == 403 and doc["error"]["param"] == "x-tenant"
+    status, _, doc = post(
+        url,
+        {"prompt": "hi", "max_tokens": 2, "ignore_eos": True},
+        {"Authorization": "Bearer key-a"},
+    )
+    assert status == 200 and doc["jitserve"]["tenant"] == "team-a"
+    text = get_text(s.url + "/metrics")
+    assert metric(text, "jitserve_requests_total", tenant="team-a", kind="best_effort") == 1
+
+
+# ---- scheduling ----------------------------------------------------------------------------
+class SetupLost(Exception):
+    """The blocker finished before the contenders were queued (the machine stalled)."""
+
+
+async def _contend(
+    s: SidecarProcess,
+    specs: list[tuple[str, dict[str, Any]]],
+) -> dict[str, StreamResult]:
+    """Occupy the only slot with a long blocker, queue the requests one after the other,
+    then let the blocker's client leave: the queued requests compete for the slot."""
+    results: dict[str, StreamResult] = {}
+    async with aiohttp.ClientSession() as session:
+
+        async def run(name: str, doc: dict[str, Any]) -> None:
+            results[name] = await stream_completion(session, s.url, doc)
+
+        blocker = asyncio.create_task(run("blocker", body(1900, {"kind": "best_effort"})))
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            deadline = time.monotonic() + 60
+            while not s.state()["running"]:
+                assert time.monotonic() < deadline, "the blocker never ran"
+                await asyncio.sleep(0.01)
+            for i, (name, doc) in enumerate(specs, start=1):
+                tasks.append(asyncio.create_task(run(name, doc)))
+                while s.state()["waiting"] < i:
+                    if blocker.done() or any(t.done() for t in tasks):
+                        raise SetupLost
+                    assert time.monotonic() < deadline, f"{name} was never queued"
+                    await asyncio.sleep(0.01)
+        finally:
+            blocker.cancel()
+        await asyncio.gather(*tasks)
+    return results
+
+
+def contend(
+    make: Callable[[], SidecarProcess],
+    specs: list[tuple[str, dict[str, Any]]],
+) -> tuple[SidecarProcess, dict[str, StreamResult]]:
+    for _ in range(3):
+        s = make()
+        try:
+            return s, asyncio.run(_contend(s, specs))
+        except SetupLost:
+            continue
+    raise AssertionError("could not queue the contenders behind a running blocker 3 times")
+
+
+@pytest.mark.parametrize("policy", ["gmax", "fcfs"])
+def test_contention_is_served_in_policy_order(sidecar: Factory, policy: str) -> None:
+    """A arrives before B. B is worth more per unit of engine time (short, with a
+    deadline it can meet only if it does not wait behind A) and starts latest first; A
+    is long with plenty of slack. GMAX serves B first; FCFS (the control) serves A first,
+    so the test fails if the sidecar ignored the policy's order."""
+    # preemption off: this test is about the order of admission from the queue
+    policy_doc = {
+        "scheduler": {"policy": policy, "preemption": {"enabled": False}},
+        "admission": {"maxWaitingSeconds": 60},
+    }
+    s, results = contend(
+        lambda: sidecar(policy_doc, max_running=1),
+        [
+            ("A", body(600, {"kind": "deadline", "deadline_s": 60})),
+            ("B", body(20, {"kind": "deadline", "deadline_s": 5})),
+        ],
+    )
+    a, b = results["A"], results["B"]
+    assert b.status == 200 and len(b.token_ids) == 20, b.error
+    dispatched = [d["request_id"] for d in s.state()["dispatches"]]
+    a_id = a.headers.get("x-jitserve-request-id") or (a.extension or {}).get("request_id")
+    b_id = b.headers["x-jitserve-request-id"]
+    if policy == "gmax":
+        assert b.token_times[0] < (a.token_times[0] if a.token_times else float("inf"))
+        assert dispatched.index(b_id) < (dispatched.index(a_id) if a_id in dispatched else 99)
+    else:
+        assert a.status == 200 and a.token_times and a.token_times[0] < b.token_times[0]
+        assert dispatched.index(a_id) < dispatched.index(b_id)
+
+
+def test_preempted_request_resumes_with_exactly_its_tokens(sidecar: Factory, vllm_url: str) -> None:
+    """EDF preempts the running long request X when Y with an earlier deadline waits; X
+    is aborted in vLLM and resumes as a continuation. Greedy decoding makes X's tokens
+    checkable against an uninterrupted run: the tiny model's greedy output is a strict
+    two-token cycle, so a duplicated, lost or reordered token at the seam shows."""
+    status, _, ref = post(
+        vllm_url + "/v1/completions",
+        {
+            "model": "tiny-llama",
+            "prompt": PROMPT,
+            "max_tokens": 600,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
+    assert status == 200
+    reference = ref["choices"][0]["token_ids"]
+    assert len(reference) == 600 and alternates(reference)
+    for _attempt in range(3):
+        s = sidecar({"scheduler": {"policy": "edf", "frameSteps": 4}}, max_running=1)
+        generated_before = vllm_metric(vllm_url, "vllm:generation_tokens_total")
+
+        async def scenario(s: SidecarProcess = s) -> tuple[StreamResult, StreamResult]:
+            async with aiohttp.ClientSession() as session:
+                x_task = asyncio.create_task(
+                    stream_completion(
+                        session,
+                        s.url,
+                        body(600, {"kind": "deadline", "deadline_s": 120}, temperature=0),
+                    )
+                )
+                deadline = time.monotonic() + 60
+                while sum(r["generated"] for r in s.state()["running_requests"]) < 10:
+                    assert time.monotonic() < deadline
+                    if x_task.done():
+                        break
+                    await asyncio.sleep(0.005)  # until X is decoding
+                y = await stream_completion(
+                    session, s.url, body(20, {"kind": "deadline", "deadline_s": 10}, temperature=0)
+                )
+                return await x_task, y
+
+        x, y = asyncio.run(scenario())
+        assert x.status == 200 and x.token_ids == reference  # preempted or not
+        if x.extension and x.extension["preemptions"]:
+            break
+        # a stalled machine can deliver all of X before Y gets queued: try again
+    assert y.status == 200 and len(y.token_ids) == 20
+    assert x.status == 200 and x.error is None and x.finish_reason == "length"
+    assert x.extension is not None and x.extension["preemptions"] >= 1
+    assert len(x.token_ids) == 600
+    assert x.token_ids == reference
+    # Y ran while X was paused: Y's tokens all arrived between two of X's tokens
+    assert any(
+        a < y.token_times[0] and y.token_times[-1] < b
+        for a, b in zip(x.token_times, x.token_times[1:], strict=False)
+    )
+    # X's first dispatch was aborted in vLLM: had it run on, vLLM would have generated
+    # 600 tokens for it, plus the continuation's and Y's
+    x_id = x.extension["request_id"]
+    resumed_at = [d["generated"] for d in s.state()["dispatches"] if d["request_id"] == x_id][1]
+    assert 10 <= resumed_at < 600
+    generated = vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before
+    assert 620 <= generated < 600 + (600 - resumed_at) + 20
+    assert metric(get_text(s.url + "/metrics"), "jitserve_preemptions_total") >= 1
+
+
+def test_client_disconnect_aborts_the_vllm_request(sidecar: Factory, vllm_url: str) -> None:
+    s = sidecar(max_running=2)
+    generated_before = vllm_metric(vllm_url, "vllm:generation_tokens_total")
+
+    async def read_some_then_leave() -> None:
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(s.url + "/v1/completions", json=body(1800, stream=True))
+            got = 0
+            async for line in resp.content:
+                got += line.startswith(b"data: {")
+                if got >= 5:
+                    break
+            assert vllm_metric(vllm_url, "vllm:num_requests_running") == 1
+            resp.close()  # the client goes away mid-stream
+
+    asyncio.run(read_some_then_leave())
+    left = time.monotonic()
+    # the sidecar drops its vLLM stream as soon as it sees the disconnect (not at the next
+    # frame), and vLLM, seeing its client gone, aborts the request. (The bound is loose:
+    # this VM can stall a sleeping process for seconds; see docs/sidecar.md.)
+    wait_until(lambda: not s.state()["running"], 10, "the sidecar to drop the request")
+    wait_until(
+        lambda: vllm_metric(vllm_url, "vllm:num_requests_running") == 0,
+        10,
+        "vLLM to stop running the abandoned request",
+    )
+    assert time.monotonic() - left < 10
+    generated = vllm_metric(vllm_url, "vllm:generation_tokens_total")
+    time.sleep(0.5)
+    assert vllm_metric(vllm_url, "vllm:generation_tokens_total") == generated  # nothing runs on
+    assert generated - generated_before < 1800 / 2
+    assert metric(get_text(s.url + "/metrics"), "jitserve_requests_total", outcome="cancelled") == 1
+
+
+def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
+    s = sidecar({"admission": {"queueCap": 2, "maxWaitingSeconds": 60}}, max_running=1)
+
+    async def scenario() -> tuple[int, dict[str, str], dict[str, Any]]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(stream_completion(session, s.url, body(1800)))]
+            deadline = time.monotonic() + 60
+            for n in (1, 2):
+                while s.state()["running"] < 1:
+                    assert time.monotonic() < deadline and not tasks[0].done()
+                    await asyncio.sleep(0.01)
+                tasks.append(asyncio.create_task(stream_completion(session, s.url, body(10))))
+                while s.state()["waiting"] < n:
+                    assert time.monotonic() < deadline and not tasks[-1].done()
+                    await asyncio.sleep(0.01)
+            async with session.post(s.url + "/v1/completions", json=body(10)) as resp:
+                answer = resp.status, dict(resp.headers), await resp.json()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return answer
+
+    status, headers, doc = asyncio.run(scenario())
+    assert status == 429
+    assert int(headers["Retry-After"]) >= 1
+    assert doc["error"]["type"] == "rate_limit_error" and doc["error"]["code"] == "queue_full"
+    wait_until(lambda: not s.state()["running"], 10, "cancelled streams")
+    assert (
+        metric(get_text(s.url + "/metrics"), "jitserve_rejections_total", reason="queue_full") == 1
+    )
+
+
+def test_metrics_expose_the_contract_families(sidecar: Factory) -> None:
+    s = sidecar()
+    for slo in (
+        {"kind": "latency", "ttft_ms": 3000, "tbt_ms": 500},
+        {"kind": "deadline", "deadline_s": 60},
+    ):
+        result = stream(s.url, body(16, slo), headers={"x-tenant": "team-m"})
+        assert result.status == 200 and len(result.token_ids) == 16
+    text = get_text(s.url + "/metrics")
+    assert (
+        metric(
+            text,
+            "jitserve_goodput_tokens_total",
+            tenant="team-m",
+            kind="deadline",
+            slo_class="default",
+        )
+        == len(PROMPT) + 16
+    )
+    assert metric(text, "jitserve_goodput_tokens_total", tenant="team-m", kind="latency") == 16
+    assert (
+        metric(
+            text,
+            "jitserve_requests_total",
+            tenant="team-m",
+            kind="latency",
+            slo_class="default",
+            outcome="met",
+        )
+        == 1
+    )
+    assert metric(text, "jitserve_effective_cutoff") > 0
+    assert metric(text, "jitserve_ttft_seconds_count", kind="latency") == 1
+    # one gap per event: 15 unless vLLM merged steps into one event
+    assert 8 <= metric(text, "jitserve_tbt_seconds_count", kind="deadline") <= 15
+    assert metric(text, "jitserve_e2el_seconds_count") == 2
+    for family in (
+        "jitserve_queue_depth",
+        "jitserve_running_requests",
+        "jitserve_preemptions_total",
+        "jitserve_scheduler_frame_seconds_count",
+        "jitserve_analyzer_fallbacks_total",
+        "jitserve_backend_up",
+        "jitserve_frames_total",
+    ):
+        assert metric(text, family) >= 0
+    assert metric(text, "jitserve_scheduler_frame_seconds_count") >= 1
+    assert metric(text, "jitserve_backend_up") == 1
+    assert metric(text, "jitserve_analyzer_fallbacks_total") >= 2  # no analyzer configured
+    assert "# TYPE jitserve_retirements_total counter" in text
+
+
+def test_hot_reload_changes_p_and_f_without_dropping_streams(
+    sidecar: Factory, tmp_path: Path
+) -> None:
+    s = sidecar(
+        {
+            "scheduler": {"policy": "gmax", "cutoff": {"mode": "fixed", "value": 0.9}},
+            "fairness": {"weight": 0.0},
+            "admission": {"maxWaitingSeconds": 300},
+        },
+        max_running=2,
+    )
+    config = s.config
+
+    def frames() -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = s.state()["recent_frames"]
+        return frames
+
+    before_priorities: list[float] = []
+
+    async def scenario() -> list[StreamResult]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [
+                asyncio.create_task(
+                    stream_completion(
+                        session,
+                        s.url,
+                        body(1500, {"kind": "deadline", "deadline_s": 300}),
+                        {"x-tenant": f"team-{i % 2}"},
+                    )
+                )
+                for i in range(3)
+            ]
+            while not (s.state()["running"] and any(f["priorities"] for f in frames())):
+                await asyncio.sleep(0.02)
+            before = [f for f in frames() if f["priorities"]][-1]
+            assert before["describe"]["cutoff"] == 0.9 and before["fairness_weight"] == 0.0
+            before_priorities.extend(before["priorities"].values())
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "scheduler": {"policy": "gmax", "cutoff": {"mode": "fixed", "value": 0.5}},
+                        "fairness": {"weight": 0.6},
+                        "admission": {"maxWaitingSeconds": 300},
+                    }
+                )
+            )
+            changed = time.monotonic()
+            while not any(f["describe"]["cutoff"] == 0.5 for f in frames()):
+                assert time.monotonic() - changed < 15, "reload not applied within 15 s"
+                await asyncio.sleep(0.05)
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(scenario())
+    for r in results:
+        assert r.status == 200 and r.error is None and len(r.token_ids) == 1500
+    after = [f for f in frames() if f["describe"]["cutoff"] == 0.5]
+    assert after and all(f["fairness_weight"] == 0.6 for f in after)
+    # frames after the reload planned live requests with the new p and f (the streams
+    # were still running); with f > 0 GMAX blends in the tenants' fair shares, so the
+    # priorities it assigned changed scale from raw goodput/cost to the normalised blend
+    planned = [p for f in after for p in f["priorities"].values()]
+    assert planned
+    assert sorted(planned)[len(planned) // 2] < max(before_priorities)
+    text = get_text(s.url + "/metrics")
+    assert metric(text, "jitserve_effective_cutoff") == 0.5
+    assert metric(text, "jitserve_fairness_weight") == 0.6
+    assert metric(text, "jitserve_config_reloads_total", result="ok") == 1
+
+    config.write_text("scheduler:\n  cutoff:\n    value: 3\n")
+    wait_until(
+        lambda: get_json(s.url + "/ready")[1].get("config_error") is not None,
+        15,
+        "the invalid file to be reported",
+    )
+    status, ready = get_json(s.url + "/ready")
+    assert status == 200 and "scheduler.cutoff.value" in ready["config_error"]
+    assert s.state()["describe"]["cutoff"] == 0.5
+    assert (
+        metric(get_text(s.url + "/metrics"), "jitserve_config_reloads_total", result="error") == 1
+    )
+    assert json.dumps(get_json(s.url + "/debug/scheduler")[1]["describe"])
