@@ -222,6 +222,7 @@ class Dispatcher:
             "prefill_s_per_token": self.prefill_s_per_token,
             "frame_s": self.frame_s(),
             "frames": self.frames,
+            "policy_ms_p99": self._policy_ms_p99(),
             "attainment": {k: (None if math.isnan(v) else v)
                            for k, v in self.ledger.attainment().items()},
             "running_requests": [{"request_id": j.request_id, "generated": j.live.generated,
@@ -229,6 +230,10 @@ class Dispatcher:
             "dispatches": list(self.dispatch_log),
             "recent_frames": list(self.frame_log)[-20:],
         }
+
+    def _policy_ms_p99(self) -> float | None:
+        spent = sorted(f["policy_s"] for f in self.frame_log)
+        return spent[min(len(spent) - 1, int(0.99 * len(spent)))] * 1e3 if spent else None
 
     def _gauges(self) -> None:
         self.metrics.queue_depth.set(self.policy.waiting())
@@ -267,6 +272,9 @@ class Dispatcher:
         key = (req_tenant, ref.program_id)
         lp = self.programs.get(key)
         expected = ref.stages or 4
+        if lp is not None and lp.open_members <= 0 and (
+                ref.stage < lp.stage or (ref.stage == 0 and now > lp.deadline_abs_s)):
+            lp = None  # an id used again for a new program: start afresh
         if lp is None:
             call = LLMCall(prompt_tokens, max_tokens)
             program = Program(ref.program_id, req_tenant, now, slo,
@@ -286,7 +294,7 @@ class Dispatcher:
 
     def _expire_programs(self, now: float) -> None:
         for key, lp in list(self.programs.items()):
-            if lp.open_members <= 0 and now > lp.deadline_abs_s + 60:
+            if lp.open_members <= 0 and now > lp.deadline_abs_s:
                 del self.programs[key]
 
     # ---- length bounds -------------------------------------------------------------------

@@ -109,6 +109,9 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
 
 
 # ---- live workload --------------------------------------------------------------------------
+RUN_ID = f"{time.time_ns():x}"
+"""Prefix of program ids: replays of one workload do not share programs."""
+
 def _prompt_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(10, 1000) for _ in range(n)]
 
@@ -146,7 +149,8 @@ def _slo_body(req: Request, program: Program | None = None, stage: int = 0) -> d
     slo = req.slo
     if program is not None:
         return {"kind": "compound", "deadline_s": program.slo.deadline_s,
-                "program_id": program.program_id, "stage": stage, "stages": len(program.stages)}
+                "program_id": f"{RUN_ID}-{program.program_id}", "stage": stage,
+                "stages": len(program.stages)}
     if isinstance(slo, LatencySLO):
         return {"kind": "latency", "ttft_ms": slo.ttft_s * 1000, "tbt_ms": slo.tbt_s * 1000}
     if isinstance(slo, DeadlineSLO) and slo.best_effort:
@@ -275,8 +279,8 @@ def live_row(policy: str, ledger: GoodputLedger, stats: LiveStats, duration_s: f
         return h.percentile(q)
 
     frame_p99 = math.nan
-    if scheduler:
-        frame_p99 = float(scheduler.get("sched_ms_p99", math.nan))
+    if scheduler and scheduler.get("policy_ms_p99") is not None:
+        frame_p99 = float(scheduler["policy_ms_p99"])
     return {
         "policy": policy, "load": load, "seed": seed, "requests": ledger.overall.requests,
         "token_goodput": ledger.overall.goodput_tokens / duration_s,
@@ -284,6 +288,7 @@ def live_row(policy: str, ledger: GoodputLedger, stats: LiveStats, duration_s: f
         "attainment": dict(ledger.attainment()),
         "attainment_by_tenant": {k: t.attainment for k, t in sorted(ledger.by_tenant.items())},
         "throughput_tokens_per_s": stats.output_tokens / max(wall_s, 1e-9),
+        "output_tokens_per_s": stats.output_tokens / max(wall_s, 1e-9),
         "ttft_s": {"p50": pct(ledger.ttft, 50), "p99": pct(ledger.ttft, 99)},
         "tbt_s": {"p50": pct(ledger.tbt, 50), "p99": pct(ledger.tbt, 99)},
         "e2el_s": {"p50": pct(ledger.e2el, 50), "p99": pct(ledger.e2el, 99)},
@@ -338,6 +343,7 @@ def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-file", type=Path, default=None,
                    help="the sidecar's hot-reloaded policy file (with --policies)")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
 
 
 async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -345,7 +351,9 @@ async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
                           args.max_prompt, args.max_output)
     policies = [p.strip() for p in args.policies.split(",")] if args.policies else [None]
     rows = []
+    global RUN_ID
     for policy in policies:
+        RUN_ID = f"{time.time_ns():x}"
         if policy is not None:
             if args.policy_file is None:
                 raise ValueError("--policies needs --policy-file (the sidecar's --config file)")
@@ -354,7 +362,10 @@ async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
             state = await _scheduler_state(session, args.url)
         name = policy or (state or {}).get("policy") or "endpoint"
-        rows.append(live_row(str(name), ledger, stats, args.duration, wall, seed=args.seed))
+        rows.append(live_row(str(name), ledger, stats, args.duration, wall, seed=args.seed,
+                             scheduler=state))
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=2, default=str))
     return rows
 
 
@@ -367,12 +378,18 @@ def bench_live_main(args: argparse.Namespace) -> int:
         from jitserve.cli import CLIError
 
         raise CLIError(str(err)) from err
-    print(table(summarize(rows)))
+    summary = summarize(rows)
+    print(table(summary))
     for row in rows:
         if row["errors"] or row["error_codes"]:
             print(f"{row['policy']}: refused/failed by code: {row['error_codes']}")
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2, default=str))
+    if args.markdown:
+        from jitserve.sim import report
+
+        to_markdown = getattr(report, "markdown", None)
+        if to_markdown is not None:
+            print()
+            print(to_markdown(summary))
     return 0
 
 

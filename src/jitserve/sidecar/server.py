@@ -430,7 +430,10 @@ class SidecarServer:
             if final is not None:
                 parts.append(self._stream_tail(job, parsed, head, final))
             if parts:
-                await resp.write("".join(parts).encode())
+                try:
+                    await resp.write("".join(parts).encode())
+                except ConnectionError:  # the client left; the caller cancels the job
+                    return resp
                 parts.clear()
             if final is not None:
                 break

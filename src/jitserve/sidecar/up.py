@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +112,17 @@ def _wait_ready(stack: Stack, url: str, proc: subprocess.Popen[bytes], timeout_s
     raise _cli_error(f"{url} not ready after {timeout_s:.0f} s; logs in {stack.log_dir}")
 
 
+def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex((host, port)) == 0:
+                return True
+        time.sleep(0.25)
+    return False
+
+
 def main(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or vl.cache_dir() / "up-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -141,10 +153,10 @@ def main(args: argparse.Namespace) -> int:
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)
         analyzer = None
         if not args.no_analyzer and importlib.util.find_spec("jitserve.analyzer.cli") is not None:
-            proc = stack.start("analyzer", [sys.executable, "-m", "jitserve.cli", "analyzer",
-                                            "serve", "--port", str(args.analyzer_port)])
-            time.sleep(2.0)
-            if proc.poll() is None:
+            proc = stack.start("analyzer", [
+                sys.executable, "-m", "jitserve.cli", "analyzer", "serve", "--host", "127.0.0.1",
+                "--port", str(args.analyzer_port), "--metrics-port", "-1"])
+            if _wait_tcp("127.0.0.1", args.analyzer_port, 60.0, proc):
                 analyzer = f"127.0.0.1:{args.analyzer_port}"
             else:
                 print("  analyzer did not start; the sidecar uses its local estimator",
