@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -514,3 +516,26 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
         metric(get_text(s.url + "/metrics"), "jitserve_config_reloads_total", result="error") == 1
     )
     assert json.dumps(get_json(s.url + "/debug/scheduler")[1]["describe"])
+
+
+def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
+    """SIGTERM (a pod being deleted): /ready turns 503, new requests are refused, the
+    running stream still completes, then the process exits."""
+    s = sidecar(max_running=2)
+
+    async def scenario() -> tuple[StreamResult, int, int]:
+        async with aiohttp.ClientSession() as session:
+            running = asyncio.create_task(stream_completion(session, s.url, body(600)))
+            while not s.state()["running"]:
+                await asyncio.sleep(0.01)
+            os.kill(s.proc.pid, signal.SIGTERM)
+            while get_json(s.url + "/ready")[0] != 503:
+                await asyncio.sleep(0.02)
+            async with session.post(s.url + "/v1/completions", json=body(5)) as resp:
+                refused = resp.status
+            return await running, refused, int(resp.headers["Retry-After"])
+
+    result, refused, retry_after = asyncio.run(scenario())
+    assert refused == 503 and retry_after >= 1
+    assert result.status == 200 and result.error is None and len(result.token_ids) == 600
+    assert s.proc.wait(30) == 0

@@ -41,6 +41,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys-dir", type=Path,
                    help="mounted Secrets: KEYS_DIR/<apiKeySecret>/api-key per policy tenant")
     p.add_argument("--analyzer", help="analyzer gRPC address host:port (length bounds)")
+    p.add_argument("--drain-seconds", type=float, default=20.0,
+                   help="on SIGTERM: refuse new requests, finish queued ones for this long")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -91,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop)
+        await serve(settings, stop, drain_s=args.drain_seconds)
 
     try:
         _run(main())

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jitserve.goodput import GoodputLedger, Outcome, deadline_goodput, latency_tokens_on_time
-from jitserve.policy import OverloadAction, SLOPolicySpec
+from jitserve.policy import SLOPolicySpec
 from jitserve.requests import (
     LiveProgram,
     LiveRequest,
@@ -175,12 +175,21 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self.draining = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         await self._check_health()
         self._tasks = [asyncio.create_task(self._frame_loop(), name="jitserve-frames"),
                        asyncio.create_task(self._health_loop(), name="jitserve-health")]
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests (503) and wait until the queued and running ones are done,
+        at most ``timeout_s``."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while (self.running or self.waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -353,6 +362,9 @@ class Dispatcher:
     # ---- admission -----------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue a request; raises APIError (429 queue full, 503 backend down)."""
+        if self.draining:
+            self.metrics.rejections.labels("draining").inc()
+            raise backend_down(2, "the sidecar is shutting down")
         if not self.ready:
             self.metrics.rejections.labels("backend_down").inc()
             raise backend_down(self.retry_after_s(), f"the model backend is unavailable: "
@@ -623,12 +635,6 @@ class Dispatcher:
     def _frame(self, now: float) -> None:
         self._measure_step()
         self._refine_bounds()
-        if self.spec.admission.overload_action is OverloadAction.DROP:
-            # Admission control does not depend on the policy: baselines get it too.
-            limit = self.spec.admission.max_waiting_seconds
-            for job in [j for j in self.waiting if j.live.started_s is None]:
-                if now - job.live.req.arrival_s > limit:
-                    self._retire(job, now)
         running = [j.live for j in self.running]
         view = EngineView(now, self.max_running, running, self.decode_step_s,
                           self.prefill_s_per_token, self.decode_step_s / max(len(running), 1))

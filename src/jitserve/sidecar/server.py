@@ -199,13 +199,14 @@ class SidecarServer:
 
     async def ready(self, request: web.Request) -> web.Response:
         d = self.dispatcher
-        body: dict[str, Any] = {"ready": d.ready, "backend": self.settings.backend_url,
+        ready = d.ready and not d.draining
+        body: dict[str, Any] = {"ready": ready, "backend": self.settings.backend_url,
                                 "policy": d.policy.name, "models": d.models}
-        if not d.ready:
-            body["reason"] = d.not_ready_reason
+        if not ready:
+            body["reason"] = "shutting down" if d.draining else d.not_ready_reason
         if self.watcher.last_error:
             body["config_error"] = self.watcher.last_error
-        return web.json_response(body, status=200 if d.ready else 503)
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
         """The sidecar's families, then the process-wide registry (the analyzer client's
@@ -456,13 +457,17 @@ class SidecarServer:
         return out + "data: [DONE]\n\n"
 
 
-async def serve(settings: SidecarSettings, stop: asyncio.Event | None = None) -> None:
-    """Run a sidecar until ``stop`` is set (or forever)."""
+async def serve(settings: SidecarSettings, stop: asyncio.Event | None = None,
+                drain_s: float = 20.0) -> None:
+    """Run a sidecar until ``stop`` is set (or forever); then refuse new requests, let
+    the queued and running ones finish for up to ``drain_s``, and stop."""
     server = SidecarServer(settings)
     port = await server.start()
     log.info("jitserve sidecar on http://%s:%d -> %s (policy %s)", settings.host, port,
              settings.backend_url, server.policy.name)
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
+        log.info("stopping: draining for up to %.0f s", drain_s)
+        await server.dispatcher.drain(drain_s)
     finally:
         await server.stop()

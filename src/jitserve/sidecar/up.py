@@ -124,6 +124,8 @@ def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[byt
 
 
 def main(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("aiohttp") is None:
+        raise _cli_error("jitserve up needs the sidecar extra: pip install 'jitserve[sidecar]'")
     log_dir = args.log_dir or vl.cache_dir() / "up-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     config = args.config
