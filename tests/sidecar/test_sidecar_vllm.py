@@ -352,28 +352,46 @@ def test_client_disconnect_aborts_the_vllm_request(sidecar: Factory, vllm_url: s
 
 
 def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
-    s = sidecar({"admission": {"queueCap": 2, "maxWaitingSeconds": 60}}, max_running=1)
+    policy = {
+        "scheduler": {"preemption": {"enabled": False}},
+        "admission": {"queueCap": 2, "maxWaitingSeconds": 60},
+    }
 
-    async def scenario() -> tuple[int, dict[str, str], dict[str, Any]]:
+    async def scenario(s: SidecarProcess) -> tuple[int, dict[str, str], dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
-            tasks = [asyncio.create_task(stream_completion(session, s.url, body(1800)))]
-            deadline = time.monotonic() + 60
-            for n in (1, 2):
+            blocker = asyncio.create_task(stream_completion(session, s.url, body(1900)))
+            tasks = [blocker]
+            try:
+                deadline = time.monotonic() + 60
                 while s.state()["running"] < 1:
-                    assert time.monotonic() < deadline and not tasks[0].done()
+                    assert time.monotonic() < deadline and not blocker.done()
                     await asyncio.sleep(0.01)
-                tasks.append(asyncio.create_task(stream_completion(session, s.url, body(10))))
-                while s.state()["waiting"] < n:
-                    assert time.monotonic() < deadline and not tasks[-1].done()
-                    await asyncio.sleep(0.01)
-            async with session.post(s.url + "/v1/completions", json=body(10)) as resp:
-                answer = resp.status, dict(resp.headers), await resp.json()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            return answer
+                for n in (1, 2):
+                    tasks.append(asyncio.create_task(stream_completion(session, s.url, body(10))))
+                    while s.state()["waiting"] < n:
+                        if blocker.done():
+                            raise SetupLost
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.01)
+                async with session.post(s.url + "/v1/completions", json=body(10)) as resp:
+                    answer = resp.status, dict(resp.headers), await resp.json()
+                if answer[0] != 429 and blocker.done():
+                    raise SetupLost  # the blocker ended before the last request arrived
+                return answer
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-    status, headers, doc = asyncio.run(scenario())
+    for _ in range(3):
+        s = sidecar(policy, max_running=1)
+        try:
+            status, headers, doc = asyncio.run(scenario(s))
+            break
+        except SetupLost:
+            continue
+    else:
+        raise AssertionError("could not fill the queue behind a running blocker 3 times")
     assert status == 429
     assert int(headers["Retry-After"]) >= 1
     assert doc["error"]["type"] == "rate_limit_error" and doc["error"]["code"] == "queue_full"
@@ -448,9 +466,12 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
     )
     config = s.config
 
+    seen: dict[float, dict[str, Any]] = {}  # every frame observed, by its time
+
     def frames() -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = s.state()["recent_frames"]
-        return frames
+        for f in s.state()["recent_frames"]:
+            seen[f["t"]] = f
+        return [seen[t] for t in sorted(seen)]
 
     before_priorities: list[float] = []
 
@@ -485,6 +506,9 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
             while not any(f["describe"]["cutoff"] == 0.5 for f in frames()):
                 assert time.monotonic() - changed < 15, "reload not applied within 15 s"
                 await asyncio.sleep(0.05)
+            while not all(t.done() for t in tasks):  # record the frames while they stream
+                frames()
+                await asyncio.sleep(0.1)
             return await asyncio.gather(*tasks)
 
     results = asyncio.run(scenario())
