@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.slo import SLOKind
+from jitserve.slo import SLO, LatencySLO, SLOKind
 
 
 def latency_tokens_on_time(
@@ -43,6 +43,24 @@ def deadline_goodput(
     input_tokens: int, output_tokens: int, finish_s: float, deadline_abs_s: float
 ) -> int:
     return input_tokens + output_tokens if finish_s <= deadline_abs_s + 1e-9 else 0
+
+
+def score_request(
+    slo: SLO,
+    input_tokens: int,
+    output_tokens: int,
+    finish_s: float,
+    deadline_abs_s: float,
+    ontime_tokens: int = 0,
+) -> tuple[int, bool]:
+    """(goodput tokens, SLO met) of one finished request: latency requests earn their
+    on-time tokens (``ontime_tokens``, see :func:`latency_tokens_on_time`) and meet the
+    SLO when every output token was on time; the other kinds earn all their tokens if
+    they finished by ``deadline_abs_s``."""
+    if isinstance(slo, LatencySLO):
+        return ontime_tokens, output_tokens > 0 and ontime_tokens == output_tokens
+    goodput = deadline_goodput(input_tokens, output_tokens, finish_s, deadline_abs_s)
+    return goodput, finish_s <= deadline_abs_s + 1e-9
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Phase
 
 
@@ -76,6 +77,10 @@ class Policy(ABC):
     @abstractmethod
     def waiting(self) -> int:
         """How many requests wait."""
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        """Apply (new) settings: at start and on hot reload of the policy file."""
+        self.frame_steps = spec.scheduler.frame_steps
 
     def frame(self, view: EngineView) -> FramePlan:
         """Called at every frame boundary. Default: keep everything as it is."""

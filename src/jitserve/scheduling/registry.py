@@ -64,7 +64,7 @@ def make_policy(spec: SLOPolicySpec, seed: int = 0, name: str | None = None) -> 
         return GMAX(spec, seed=seed)
     if scheduler in BASELINES:
         policy = BASELINES[scheduler]()
-        policy.frame_steps = spec.scheduler.frame_steps
+        policy.configure(spec)
         return policy
     raise ValueError(f"unknown policy {scheduler!r}; known: {', '.join(policy_names())}")
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jitserve.goodput import GoodputLedger, Outcome, deadline_goodput, latency_tokens_on_time
+from jitserve.goodput import GoodputLedger, Outcome, latency_tokens_on_time, score_request
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import (
     LiveProgram,
@@ -520,13 +520,12 @@ class Dispatcher:
         """Goodput tokens and whether the SLO was met (rules of jitserve.goodput)."""
         live, req = job.live, job.live.req
         slo = req.slo
+        ontime = 0
         if isinstance(slo, LatencySLO) and live.program is None:
             ontime = latency_tokens_on_time(np.asarray(job.token_times, dtype=np.float64), 0,
                                             req.arrival_s, slo.ttft_s, slo.tbt_s)
-            return ontime, live.generated > 0 and ontime == live.generated
         deadline = live.program.deadline_abs_s if live.program is not None else live.deadline_abs_s
-        goodput = deadline_goodput(req.prompt_tokens, live.generated, now, deadline)
-        return goodput, now <= deadline + 1e-9
+        return score_request(slo, req.prompt_tokens, live.generated, now, deadline, ontime)
 
     def _finish(self, job: Job, finish_reason: str) -> None:
         now = time.monotonic()

@@ -41,8 +41,8 @@ from jitserve.goodput import (
     GoodputLedger,
     LogHistogram,
     Outcome,
-    deadline_goodput,
     latency_tokens_on_time,
+    score_request,
 )
 from jitserve.requests import Program, Request, Workitem
 from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
@@ -205,16 +205,15 @@ async def _run_request(session: aiohttp.ClientSession, url: str, model: str | No
     finished = result.error is None and result.finish_reason is not None
     now = result.end_s
     slo = req.slo
+    ontime = 0
     if isinstance(slo, LatencySLO):
         ontime = latency_tokens_on_time(np.asarray(result.token_times, dtype=np.float64), 0,
                                         arrival, slo.ttft_s, slo.tbt_s)
-        met = finished and ontime == generated and generated > 0
-        goodput = ontime
-    else:
-        assert isinstance(slo, DeadlineSLO)
-        goodput = deadline_goodput(req.prompt_tokens, generated, now, arrival + slo.deadline_s)
-        met = finished and goodput > 0
-        goodput = goodput if finished else 0
+    assert isinstance(slo, LatencySLO | DeadlineSLO)
+    deadline = arrival + (slo.deadline_s if isinstance(slo, DeadlineSLO) else 0.0)
+    goodput, met = score_request(slo, req.prompt_tokens, generated, now, deadline, ontime)
+    met = met and finished
+    goodput = goodput if finished or isinstance(slo, LatencySLO) else 0
     ttft = result.token_times[0] - arrival if result.token_times else None
     ledger.record(Outcome(req.tenant, req.kind, req.slo_class, req.prompt_tokens, generated,
                           goodput, met, not finished, ttft, now - arrival))

@@ -176,6 +176,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", default="bench-out", help="directory for results.json and plots")
     parser.add_argument("--memory", action="store_true", help="track peak Python memory per run")
     parser.add_argument(
+        "--live",
+        metavar="URL",
+        help="replay the workload against a live endpoint (e.g. jitserve up) instead of the "
+        "simulator; uses --duration, --rate (default 2/s), --mix, --trace and the first seed",
+    )
+    parser.add_argument(
+        "--live-policy-file",
+        type=Path,
+        help="with --live and --policies: the sidecar's hot-reloaded policy file, rewritten to "
+        "switch policy between runs",
+    )
+    parser.add_argument(
+        "--proxy-overhead",
+        action="store_true",
+        help="measure the latency the sidecar adds per streamed token (100 streams x 100 tokens "
+        "against a fast local token source)",
+    )
+    parser.add_argument(
         "--micro",
         action="store_true",
         help="only time one GMAX decision over 2,000 and 10,000 live requests",
@@ -202,6 +220,8 @@ def main(args: argparse.Namespace) -> int:
     if args.micro:
         micro.main()
         return 0
+    if args.live or args.proxy_overhead:
+        return _live(args)
     try:
         spec = load_policy_file(args.config) if args.config else SLOPolicySpec()
     except PolicyError as err:
@@ -269,6 +289,49 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     print(f"wrote {out / 'results.json'}")
     return 0
+
+
+def _live(args: argparse.Namespace) -> int:
+    """``--live`` and ``--proxy-overhead`` are the sidecar's load tools (aiohttp)."""
+    from jitserve.cli import CLIError
+
+    try:
+        from jitserve.sidecar import loadgen
+    except ImportError as err:
+        raise CLIError(
+            f"--live needs the sidecar extra: pip install 'jitserve[sidecar]' ({err})"
+        ) from err
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.proxy_overhead:
+        return loadgen.proxy_overhead_main(
+            argparse.Namespace(
+                streams=100,
+                tokens=100,
+                interval_ms=30.0,
+                policy="gmax",
+                emit="step",
+                out=out / "proxy_overhead.json",
+            )
+        )
+    live_policies = args.policies if args.live_policy_file else None
+    return loadgen.bench_live_main(
+        argparse.Namespace(
+            url=args.live,
+            duration=args.duration,
+            rate=args.rate or 2.0,
+            mix=args.mix,
+            trace=args.trace,
+            seed=int(args.seeds.split(",")[0]),
+            max_prompt=128,
+            max_output=96,
+            model=None,
+            policies=live_policies,
+            policy_file=args.live_policy_file,
+            out=out / "live.json",
+            markdown=True,
+        )
+    )
 
 
 def _run_cells(cells: list[Cell], jobs: int) -> list[dict[str, Any]]:

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.goodput import GoodputLedger, LogHistogram, Outcome, latency_tokens_on_time
+from jitserve.goodput import (
+    GoodputLedger,
+    LogHistogram,
+    Outcome,
+    latency_tokens_on_time,
+    score_request,
+)
 from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request, Workitem
 from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
@@ -415,13 +421,9 @@ class Engine:
             if lp.open_members == 0 and not lp.retired:
                 self._stage_done(lp, r)
             return
-        req = r.req
-        if isinstance(req.slo, LatencySLO):
-            goodput = ontime
-            met = ontime == r.generated
-        else:
-            met = self.now <= req.arrival_s + req.slo.deadline_s + 1e-9
-            goodput = req.prompt_tokens + r.generated if met else 0
+        goodput, met = score_request(
+            r.req.slo, r.req.prompt_tokens, r.generated, self.now, r.deadline_abs_s, ontime
+        )
         self._record(r, goodput, met)
 
     def _record(self, r: LiveRequest, goodput: int, met: bool, retired: bool = False) -> None:
