@@ -61,6 +61,22 @@ class PolicyRef:
 MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
 
 
+
+def pod_hardening() -> dict[str, Any]:
+    """Pod-level settings shared by every pod the operator makes: non-root, default
+    seccomp, no service-account token, no service environment variables."""
+    return {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+    }
+
 def name_problems(name: str) -> list[str]:
     """Child names are DNS labels derived from the policy name."""
     if len(name) > MAX_NAME:
@@ -240,15 +256,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             },
         },
         "spec": {
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": 1000,
-                "runAsGroup": 1000,
-                "fsGroup": 1000,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
+            **pod_hardening(),
             "terminationGracePeriodSeconds": 60,
             "containers": [vllm, sidecar],
             "volumes": [
@@ -421,15 +429,7 @@ def build_analyzer_children(
             "template": {
                 "metadata": {"labels": {**meta["labels"], **analyzer_selector()}},
                 "spec": {
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 1000,
-                        "runAsGroup": 1000,
-                        "fsGroup": 1000,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
+                    **pod_hardening(),
                     "containers": [container],
                     "volumes": [
                         {"name": "state", "persistentVolumeClaim": {"claimName": c.ANALYZER_NAME}},
