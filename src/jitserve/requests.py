@@ -83,8 +83,16 @@ class Program:
             raise SLOError("tool_s", "tool-call time must be >= 0")
 
     @property
+    def input_tokens(self) -> int:
+        return sum(c.prompt_tokens for s in self.stages for c in s.calls)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(c.output_tokens for s in self.stages for c in s.calls)
+
+    @property
     def total_tokens(self) -> int:
-        return sum(c.prompt_tokens + c.output_tokens for s in self.stages for c in s.calls)
+        return self.input_tokens + self.output_tokens
 
     def stage_requests(self, stage: int, now_s: float) -> list[Request]:
         """The sub-requests of ``stage``, arriving at ``now_s``."""

@@ -120,7 +120,6 @@ class GMAX(QueuedPolicy):
         super().__init__()
         self._seed = seed
         self._median_priority = 1.0
-        self._max_priority = 1.0
         self._decode_s = 0.03
         self._prefill_s = 1e-4
         self._token_s = 1e-4

@@ -163,9 +163,6 @@ class Engine:
     def outstanding(self) -> int:
         return self.live + len(self._events)
 
-    def idle(self) -> bool:
-        return self.live == 0 and not self._events
-
     def next_event_s(self) -> float:
         return self._events[0][0] if self._events else math.inf
 
@@ -456,23 +453,37 @@ class Engine:
         self.stage_share.observe_program(
             program, [e - s for s, e in zip(starts, ends, strict=True)]
         )
-        met = self.now <= lp.deadline_abs_s + 1e-9
-        tokens_in = sum(c.prompt_tokens for s in program.stages for c in s.calls)
-        tokens_out = sum(c.output_tokens for s in program.stages for c in s.calls)
+        outcome = self._record_program(lp, retired=False)
+        self.policy.on_finish(last, outcome.goodput_tokens, self.now)
+
+    def _record_program(self, lp: LiveProgram, retired: bool) -> Outcome:
+        """One outcome per compound program: all its tokens count if it finished in time."""
+        program = lp.program
+        goodput, met = (
+            (0, False)
+            if retired
+            else score_request(
+                program.slo,
+                program.input_tokens,
+                program.output_tokens,
+                self.now,
+                lp.deadline_abs_s,
+            )
+        )
         outcome = Outcome(
             program.tenant,
             program.slo.kind,
             program.slo_class,
-            tokens_in,
-            tokens_out,
-            tokens_in + tokens_out if met else 0,
+            program.input_tokens,
+            program.output_tokens,
+            goodput,
             met,
-            False,
+            retired,
             None,
             self.now - program.arrival_s,
         )
         self.ledger.record(outcome)
-        self.policy.on_finish(last, outcome.goodput_tokens, self.now)
+        return outcome
 
     def _stop_running(self, r: LiveRequest) -> None:
         d = self._decoding.get(r)
@@ -514,23 +525,7 @@ class Engine:
         lp.open_members -= 1
         if not lp.retired:
             lp.retired = True
-            program = lp.program
-            tokens_in = sum(c.prompt_tokens for s in program.stages for c in s.calls)
-            tokens_out = sum(c.output_tokens for s in program.stages for c in s.calls)
-            self.ledger.record(
-                Outcome(
-                    program.tenant,
-                    program.slo.kind,
-                    program.slo_class,
-                    tokens_in,
-                    tokens_out,
-                    0,
-                    False,
-                    True,
-                    None,
-                    self.now - program.arrival_s,
-                )
-            )
+            self._record_program(lp, retired=True)
             self._program_stage_start.pop(lp, None)
             for member in self._members.pop(lp, []):
                 self._retire(member)
