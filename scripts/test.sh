@@ -15,4 +15,5 @@ for setup in scripts/setup-*.sh; do
 done
 echo "== ruff"; .venv/bin/ruff check src tests
 echo "== mypy"; .venv/bin/mypy
+echo "== import contracts"; .venv/bin/lint-imports
 echo "== pytest"; .venv/bin/pytest -q "$@"

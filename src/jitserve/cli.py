@@ -1,8 +1,10 @@
-"""``jitserve`` command line: one entry point, one subcommand per component.
+"""``jitserve`` command line: a registry of subcommands, nothing else.
 
-Each component registers its own subcommand (``register(subparsers)``) so that this
-module stays a thin dispatcher and components stay importable without each other's
-dependencies.
+Each component registers its own subcommand (``register(subparsers)``), so this module
+stays a thin dispatcher and a component stays importable without the others' optional
+dependencies. Tools from a higher layer that belong under a lower layer's command (the
+live benchmark under ``jitserve sidecar``) add themselves there through
+:data:`EXTENSIONS`, so the lower layer never imports the higher one.
 """
 
 from __future__ import annotations
@@ -11,21 +13,30 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-# (subcommand, module exposing ``register(subparsers)``); a module under
-# ``jitserve.<component>`` needs the optional extra of that name
-COMPONENTS: tuple[tuple[str, str], ...] = (
-    ("bench", "jitserve.sim.bench"),
-    ("analyzer", "jitserve.analyzer.cli"),
-    ("sidecar", "jitserve.sidecar.cli"),
-    ("up", "jitserve.sidecar.up"),
-    ("operator", "jitserve.operator.cli"),
-    ("crd", "jitserve.operator.crd"),
+from jitserve.errors import CLIError
+
+# (subcommand, module exposing ``register(subparsers)``, extra it needs or "")
+COMPONENTS: tuple[tuple[str, str, str], ...] = (
+    ("bench", "jitserve.bench.cli", ""),
+    ("analyzer", "jitserve.analyzer.cli", "analyzer"),
+    ("sidecar", "jitserve.sidecar.cli", "sidecar"),
+    ("up", "jitserve.devstack.up", "sidecar"),
+    ("operator", "jitserve.operator.cli", "operator"),
+    ("crd", "jitserve.operator.crd", ""),
+)
+# (parent subcommand, module exposing ``register_under_<parent>(subcommands)``, extra)
+EXTENSIONS: tuple[tuple[str, str, str], ...] = (
+    ("sidecar", "jitserve.bench.live", "sidecar"),
+    ("sidecar", "jitserve.bench.overhead", "sidecar"),
+    ("sidecar", "jitserve.devstack.up", "sidecar"),
 )
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit code 2."""
+def _missing(parser: argparse.ArgumentParser, command: str, err: ImportError, extra: str) -> None:
+    install = f"pip install 'jitserve[{extra}]'" if extra else "pip install jitserve"
+    parser.set_defaults(_missing=f"jitserve {command} needs '{err.name}'; install it: {install}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,18 +46,23 @@ def build_parser() -> argparse.ArgumentParser:
         " operator.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMPONENTS:
+    children: dict[str, Any] = {}
+    for name, module_name, extra in COMPONENTS:
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:  # a component whose optional extra is not installed
             stub = subparsers.add_parser(name, help=f"(unavailable: {err.name} not installed)")
-            extra = module_name.split(".")[1]  # jitserve.<component>.*: the extra's name
-            stub.set_defaults(
-                _missing=f"jitserve {name} needs '{err.name}'; "
-                f"install the extra: pip install 'jitserve[{extra}]'"
-            )
+            _missing(stub, name, err, extra)
             continue
-        module.register(subparsers)
+        children[name] = module.register(subparsers)
+    for parent, module_name, _extra in EXTENSIONS:
+        if children.get(parent) is None:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # its parent is there but not this tool's extra: leave it out
+            continue
+        getattr(module, f"register_under_{parent}")(children[parent])
     return parser
 
 

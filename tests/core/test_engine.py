@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jitserve.bench.variants import make_setup
 from jitserve.goodput import GoodputLedger, Outcome
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
-from jitserve.scheduling.registry import make_setup
 from jitserve.sim.engine import Engine
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import WorkloadSpec, generate

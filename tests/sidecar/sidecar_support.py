@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.sidecar import vllm as vl
-from jitserve.sidecar.loadgen import StreamResult, stream_completion
 
 
 class SidecarProcess:

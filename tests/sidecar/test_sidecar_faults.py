@@ -20,7 +20,7 @@ import yaml
 from aiohttp import web
 from sidecar_support import SidecarProcess, get_json, get_text, metric
 
-from jitserve.sidecar.loadgen import StreamResult, stream_completion
+from jitserve.bench.live import StreamResult, stream_completion
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,7 +112,7 @@ class DyingBackend:
 
 
 def test_backend_dying_mid_stream(tmp_path: Path) -> None:
-    from jitserve.sidecar.vllm import free_port
+    from jitserve.devstack.vllm import free_port
 
     fake = DyingBackend(free_port())
     config = tmp_path / "policy.yaml"

@@ -24,7 +24,7 @@ from sidecar_support import (
     stream,
 )
 
-from jitserve.sidecar.loadgen import StreamResult, stream_completion
+from jitserve.bench.live import StreamResult, stream_completion
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,7 +1,7 @@
 """``jitserve analyzer serve`` and ``jitserve analyzer eval``.
 
 Who owns what: this module parses arguments and turns bad values into
-:class:`jitserve.cli.CLIError`; :mod:`.service` and :mod:`.evaluate` do the work.
+:class:`jitserve.errors.CLIError`; :mod:`.service` and :mod:`.evaluate` do the work.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 
 def _error(message: str) -> Exception:
-    from jitserve.cli import CLIError  # lazily: jitserve.cli imports this module
+    from jitserve.errors import CLIError  # lazily: jitserve.cli imports this module
 
     return CLIError(message)
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from jitserve.errors import CLIError
 from jitserve.operator.builders import OperatorSettings
 
 FAULT_ENV = "JITSERVE_OPERATOR_FAULT_EXIT_AFTER_WRITES"
@@ -63,8 +64,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from jitserve.cli import CLIError
-
     try:
         settings = OperatorSettings(
             sidecar_image=args.sidecar_image,

@@ -9,12 +9,9 @@ Owner: the sidecar engineer. Modules:
 - :mod:`~jitserve.sidecar.server`: aiohttp routes, streaming, errors, probes, metrics;
 - :mod:`~jitserve.sidecar.config`: settings, hot-reloaded policy file, tenant keys;
 - :mod:`~jitserve.sidecar.metrics`: Prometheus families;
-- :mod:`~jitserve.sidecar.vllm`: finding and starting the CPU vLLM (tests, ``jitserve up``);
-- :mod:`~jitserve.sidecar.tinymodel`: the tiny local model vLLM serves on CPU;
-- :mod:`~jitserve.sidecar.loadgen`: live benchmark and proxy-overhead measurement;
-- :mod:`~jitserve.sidecar.cli` and :mod:`~jitserve.sidecar.up`: ``jitserve sidecar`` and
-  ``jitserve up``.
+- :mod:`~jitserve.sidecar.cli`: ``jitserve sidecar serve``.
 
-The scheduling core (``jitserve.scheduling``, ``jitserve.goodput``) imports nothing
-from here.
+The request lifecycle the dispatcher drives is :mod:`jitserve.serving` (the simulator
+drives the same one). Nothing below this layer imports it; the local dev stack
+(``jitserve.devstack``) and the load tools (``jitserve.bench``) sit above it.
 """

@@ -1,11 +1,10 @@
 """``jitserve sidecar ...`` subcommands (owner: sidecar).
 
-- ``jitserve sidecar serve --backend URL [--config FILE] [--port 8080]``: the sidecar;
-- ``jitserve sidecar bench-live --url URL``: replay a short mixed workload against a live
-  endpoint and print the goodput table;
-- ``jitserve sidecar proxy-overhead``: added latency per streamed token at N concurrent
-  streams against a fast local token source;
-- ``jitserve sidecar tiny-model DIR``: write the tiny CPU model folder.
+- ``jitserve sidecar serve --backend URL [--config FILE] [--port 8080]``: the sidecar.
+
+The tools around it (``bench-live``, ``proxy-overhead``, ``tiny-model``) live in the
+layers above (``jitserve.bench``, ``jitserve.devstack``) and add themselves to the
+``jitserve sidecar`` command through :data:`jitserve.cli.EXTENSIONS`.
 """
 
 from __future__ import annotations
@@ -18,10 +17,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from jitserve.errors import CLIError
+
 
 def _cli_error(message: str) -> Exception:
-    from jitserve.cli import CLIError
-
     return CLIError(message)
 
 
@@ -104,40 +103,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_live(args: argparse.Namespace) -> int:
-    from jitserve.sidecar.loadgen import bench_live_main
-
-    return bench_live_main(args)
-
-
-def _proxy_overhead(args: argparse.Namespace) -> int:
-    from jitserve.sidecar.loadgen import proxy_overhead_main
-
-    return proxy_overhead_main(args)
-
-
-def _tiny_model(args: argparse.Namespace) -> int:
-    from jitserve.sidecar.vllm import ensure_tiny_model
-
-    print(ensure_tiny_model(args.dir))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    from jitserve.sidecar.loadgen import add_bench_live_arguments, add_proxy_overhead_arguments
-
+def register(subparsers: Any) -> Any:
     parser = subparsers.add_parser("sidecar", help="the scheduler sidecar in front of vLLM")
     sub = parser.add_subparsers(dest="sidecar_command", metavar="SUBCOMMAND", required=True)
     serve = sub.add_parser("serve", help="run the sidecar (OpenAI-compatible API on --port)")
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)
-    live = sub.add_parser("bench-live", help="replay a short mixed workload against a live URL")
-    add_bench_live_arguments(live)
-    live.set_defaults(handler=_bench_live)
-    overhead = sub.add_parser("proxy-overhead",
-                              help="added latency per streamed token through the sidecar")
-    add_proxy_overhead_arguments(overhead)
-    overhead.set_defaults(handler=_proxy_overhead)
-    tiny = sub.add_parser("tiny-model", help="write the tiny CPU model folder")
-    tiny.add_argument("dir", type=Path)
-    tiny.set_defaults(handler=_tiny_model)
+    return sub

@@ -27,13 +27,12 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from jitserve.devstack import vllm as vl
+from jitserve.errors import CLIError
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
-from jitserve.sidecar import vllm as vl
 
 
 def _cli_error(message: str) -> Exception:
-    from jitserve.cli import CLIError
-
     return CLIError(message)
 
 
@@ -196,3 +195,15 @@ def main(args: argparse.Namespace) -> int:
         stack.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    print(vl.ensure_tiny_model(args.dir))
+    return 0
+
+
+def register_under_sidecar(sidecar_commands: Any) -> None:
+    """``jitserve sidecar tiny-model DIR``."""
+    tiny = sidecar_commands.add_parser("tiny-model", help="write the tiny CPU model folder")
+    tiny.add_argument("dir", type=Path)
+    tiny.set_defaults(handler=_tiny_model)

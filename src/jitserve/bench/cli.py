@@ -2,7 +2,7 @@
 
 Who owns what: this module parses the command line, expands the run matrix (policy x
 load x seed), runs each cell in a worker process (:func:`run_one`, pure apart from its
-return value), and hands the rows to :mod:`jitserve.sim.report` for the table, the JSON
+return value), and hands the rows to :mod:`jitserve.bench.report` for the table, the JSON
 and the plots. The scheduler micro-benchmark (``--micro``) times one GMAX frame.
 """
 
@@ -21,10 +21,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from jitserve.bench.capacity import measure_capacity
+from jitserve.bench.variants import make_setup, policy_names
+from jitserve.errors import CLIError
 from jitserve.goodput import GoodputLedger
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
-from jitserve.scheduling.registry import make_setup, policy_names
-from jitserve.sim.capacity import measure_capacity
 from jitserve.sim.cluster import run_cluster
 from jitserve.sim.engine import Engine, EngineStats
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles, load_profile
@@ -202,8 +203,6 @@ def register(subparsers: Any) -> None:
 
 
 def _floats(text: str, what: str) -> list[float]:
-    from jitserve.cli import CLIError
-
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as err:
@@ -214,8 +213,7 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from jitserve.cli import CLIError
-    from jitserve.sim import micro, report
+    from jitserve.bench import micro, report
 
     if args.micro:
         micro.main()
@@ -293,10 +291,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _live(args: argparse.Namespace) -> int:
     """``--live`` and ``--proxy-overhead`` are the sidecar's load tools (aiohttp)."""
-    from jitserve.cli import CLIError
-
     try:
-        from jitserve.sidecar import loadgen
+        from jitserve.bench import live, overhead
     except ImportError as err:
         raise CLIError(
             f"--live needs the sidecar extra: pip install 'jitserve[sidecar]' ({err})"
@@ -304,7 +300,7 @@ def _live(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.proxy_overhead:
-        return loadgen.proxy_overhead_main(
+        return overhead.proxy_overhead_main(
             argparse.Namespace(
                 streams=100,
                 tokens=100,
@@ -315,7 +311,7 @@ def _live(args: argparse.Namespace) -> int:
             )
         )
     live_policies = args.policies if args.live_policy_file else None
-    return loadgen.bench_live_main(
+    return live.bench_live_main(
         argparse.Namespace(
             url=args.live,
             duration=args.duration,

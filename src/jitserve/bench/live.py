@@ -1,21 +1,14 @@
-"""Load generation against live endpoints (owner: sidecar).
+"""Live load generation: replay a simulator workload against an HTTP endpoint (owner: bench).
 
-Two tools, callable as functions (for ``jitserve bench``) and as
-``jitserve sidecar bench-live`` / ``jitserve sidecar proxy-overhead``:
-
-- :func:`run_live`: replays a workload of :mod:`jitserve.sim.workload` (single requests
-  with latency/deadline SLOs and compound programs, stage after stage with tool time in
-  between) against an OpenAI-compatible URL, measures every token's arrival at the
-  client and scores it with :mod:`jitserve.goodput`; :func:`live_row` turns the result
-  into a row of the simulator's bench table (``jitserve.sim.report.table``). Lengths are
-  scaled down for a CPU model (``--max-prompt``, ``--max-output``); prompts are token ids
-  and ``ignore_eos`` makes the output length exact.
-- :func:`measure_proxy_overhead`: added latency per streamed token through the sidecar at
-  N concurrent streams. The backend is :class:`TokenSource`, a synthetic
-  OpenAI-compatible token source (not a model: it emits one chunk per token at a fixed
-  interval and writes each token's emission time, ``time.monotonic_ns()``, as its text),
-  run in its own process; the client computes receive time - emission time per token,
-  once directly against the source and once through a sidecar in its own process.
+:func:`run_live` replays a workload of :mod:`jitserve.sim.workload` (single requests
+with latency/deadline SLOs and compound programs, stage after stage with tool time in
+between) against an OpenAI-compatible URL, measures every token's arrival at the client
+and scores it with the same rules as the simulator (:mod:`jitserve.goodput`);
+:func:`live_row` turns the result into a row of the simulator's bench table
+(``jitserve.bench.report.table``). Lengths are scaled down for a CPU model
+(``--max-prompt``, ``--max-output``); prompts are token ids and ``ignore_eos`` makes the
+output length exact. ``jitserve bench --live URL`` and ``jitserve sidecar bench-live``
+call it.
 """
 
 from __future__ import annotations
@@ -25,9 +18,6 @@ import asyncio
 import json
 import math
 import random
-import statistics
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,8 +25,8 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from aiohttp import web
 
+from jitserve.errors import CLIError
 from jitserve.goodput import (
     GoodputLedger,
     LogHistogram,
@@ -273,7 +263,7 @@ async def run_live(url: str, items: list[Workitem], model: str | None = None, se
 def live_row(policy: str, ledger: GoodputLedger, stats: LiveStats, duration_s: float,
              wall_s: float, load: float = 1.0, seed: int = 1,
              scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A row in the format of ``jitserve.sim.bench.run_one``, for ``report.table``."""
+    """A row in the format of ``jitserve.bench.cli.run_one``, for ``report.table``."""
     def pct(h: LogHistogram, q: float) -> float:
         return h.percentile(q)
 
@@ -369,13 +359,11 @@ async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def bench_live_main(args: argparse.Namespace) -> int:
-    from jitserve.sim.report import summarize, table
+    from jitserve.bench.report import markdown, summarize, table
 
     try:
         rows = asyncio.run(_bench_live(args))
     except (ValueError, RuntimeError) as err:
-        from jitserve.cli import CLIError
-
         raise CLIError(str(err)) from err
     summary = summarize(rows)
     print(table(summary))
@@ -383,198 +371,15 @@ def bench_live_main(args: argparse.Namespace) -> int:
         if row["errors"] or row["error_codes"]:
             print(f"{row['policy']}: refused/failed by code: {row['error_codes']}")
     if args.markdown:
-        from jitserve.sim import report
-
-        to_markdown = getattr(report, "markdown", None)
-        if to_markdown is not None:
-            print()
-            print(to_markdown(summary))
+        print()
+        print(markdown(summary))
     return 0
 
 
-# ---- proxy overhead ---------------------------------------------------------------------------
-EMIT_MODES = ("step", "spread")
-
-
-class TokenSource:
-    """Synthetic OpenAI-compatible token source for the proxy-overhead benchmark.
-
-    Not a model and not used in place of vLLM in tests: it streams ``max_tokens`` chunks,
-    one every ``interval_s``, each chunk's text being its emission time in ns. ``step``:
-    all streams emit on the same clock ticks (an engine step produces a token for every
-    running sequence at once: the worst case for a proxy); ``spread``: each stream has its
-    own random phase (tokens arrive evenly spread, as after a frontend that serialises)."""
-
-    def __init__(self, interval_s: float, emit: str = "step") -> None:
-        if emit not in EMIT_MODES:
-            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
-        self.interval_s = interval_s
-        self.emit = emit
-        self._rng = random.Random(0)
-        self.app = web.Application()
-        self.app.add_routes([
-            web.get("/health", self.health), web.get("/v1/models", self.models),
-            web.post("/tokenize", self.tokenize), web.post("/v1/completions", self.completions)])
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "token-source",
-                                                               "object": "model"}]})
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        n = max(1, len(str(body.get("prompt", ""))) // 4)
-        return web.json_response({"tokens": list(range(5, 5 + n)), "count": n,
-                                  "max_model_len": 1 << 20})
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        n = int(body.get("max_tokens", 16))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        rid = body.get("request_id", "x")
-        head = json.dumps({"id": rid, "object": "text_completion", "model": "token-source"})[:-1]
-        now = time.monotonic()
-        if self.emit == "step":  # every stream emits on the same clock ticks, like an engine step
-            next_at = (math.floor(now / self.interval_s) + 1) * self.interval_s
-        else:  # each stream on its own phase: arrivals spread evenly over the interval
-            next_at = now + self._rng.uniform(0, self.interval_s)
-        for i in range(n):
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            next_at += self.interval_s
-            finish = '"length"' if i == n - 1 else "null"
-            stamp = time.monotonic_ns()
-            await resp.write(
-                f'data: {head}, "choices": [{{"index": 0, "text": "{stamp}", '
-                f'"token_ids": [{7 + i % 500}], "finish_reason": {finish}}}]}}\n\n'.encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-
-def run_token_source(port: int, interval_s: float, emit: str = "step") -> None:
-    web.run_app(TokenSource(interval_s, emit).app, host="127.0.0.1", port=port, print=None,
-                access_log=None)
-
-
-async def _measure(url: str, streams: int, tokens: int, path: str = "/v1/completions",
-                   ) -> tuple[list[float], int]:
-    """Per-token latency (ms): client receive time - source emission time."""
-    latencies: list[float] = []
-    bad = 0
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
-        async def one(i: int) -> None:
-            nonlocal bad
-            body = {"prompt": [11, 12, 13, i % 100 + 14], "max_tokens": tokens, "stream": True,
-                    "slo": {"kind": "latency", "ttft_ms": 5000, "tbt_ms": 1000}}
-            async with session.post(url + path, json=body) as resp:
-                if resp.status != 200:
-                    bad += 1
-                    return
-                got = 0
-                async for line in resp.content:
-                    now = time.monotonic_ns()
-                    if not line.startswith(b"data: {"):
-                        continue
-                    doc = json.loads(line[6:])
-                    for choice in doc.get("choices") or []:
-                        text = choice.get("text")
-                        if text:
-                            latencies.append((now - int(text)) / 1e6)
-                            got += 1
-                if got != tokens:
-                    bad += 1
-
-        await asyncio.gather(*(one(i) for i in range(streams)))
-    return latencies, bad
-
-
-def _pcts(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": math.nan, "p99": math.nan, "mean": math.nan}
-    arr = np.asarray(values)
-    return {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)),
-            "mean": float(statistics.fmean(values))}
-
-
-def measure_proxy_overhead(streams: int = 100, tokens: int = 100, interval_s: float = 0.03,
-                           policy: str = "gmax", emit: str = "step") -> dict[str, Any]:
-    """Start a token source and a sidecar (each its own process) on loopback, measure
-    per-token latency directly and through the sidecar, stop both; returns the figures."""
-    from jitserve.sidecar.vllm import free_port, start_process, stop_process, wait_http_ok
-
-    source_port, sidecar_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "policy.yaml"
-        config.write_text(f"scheduler:\n  policy: {policy}\n")
-        source = start_process([sys.executable, "-m", "jitserve.sidecar.loadgen", "token-source",
-                                str(source_port), str(interval_s), emit], None)
-        sidecar = start_process([
-            sys.executable, "-m", "jitserve.cli", "sidecar", "serve",
-            "--backend", f"http://127.0.0.1:{source_port}", "--host", "127.0.0.1",
-            "--port", str(sidecar_port), "--max-running", str(max(streams, 1) * 2),
-            "--config", str(config), "--log-level", "WARNING"], None)
-        try:
-            if not wait_http_ok(f"http://127.0.0.1:{source_port}/health", 30, source):
-                raise RuntimeError("the token source did not start")
-            if not wait_http_ok(f"http://127.0.0.1:{sidecar_port}/ready", 30, sidecar):
-                raise RuntimeError("the sidecar did not become ready")
-            asyncio.run(_measure(f"http://127.0.0.1:{source_port}", 4, 5))  # warm-up
-            asyncio.run(_measure(f"http://127.0.0.1:{sidecar_port}", 4, 5))
-            direct, bad_direct = asyncio.run(_measure(f"http://127.0.0.1:{source_port}",
-                                                      streams, tokens))
-            proxied, bad_proxied = asyncio.run(_measure(f"http://127.0.0.1:{sidecar_port}",
-                                                        streams, tokens))
-        finally:
-            stop_process(sidecar)
-            stop_process(source)
-    d, p = _pcts(direct), _pcts(proxied)
-    return {
-        "streams": streams, "tokens_per_stream": tokens, "interval_ms": interval_s * 1000,
-        "policy": policy, "emit": emit, "direct_ms": d, "through_sidecar_ms": p,
-        "added_ms": {"p50": p["p50"] - d["p50"], "p99": p["p99"] - d["p99"],
-                     "mean": p["mean"] - d["mean"]},
-        "tokens_measured": {"direct": len(direct), "through_sidecar": len(proxied)},
-        "incomplete_streams": {"direct": bad_direct, "through_sidecar": bad_proxied},
-    }
-
-
-def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--streams", type=int, default=100)
-    p.add_argument("--tokens", type=int, default=100, help="tokens per stream")
-    p.add_argument("--interval-ms", type=float, default=30.0, help="token interval per stream")
-    p.add_argument("--policy", default="gmax")
-    p.add_argument("--emit", choices=EMIT_MODES, default="step",
-                   help="step: all streams emit on the same ticks; spread: random phases")
-    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
-
-
-def proxy_overhead_main(args: argparse.Namespace) -> int:
-    result = measure_proxy_overhead(args.streams, args.tokens, args.interval_ms / 1000, args.policy,
-                                    args.emit)
-    d, p, a = result["direct_ms"], result["through_sidecar_ms"], result["added_ms"]
-    print(f"{result['streams']} concurrent streams x {result['tokens_per_stream']} tokens, "
-          f"one token per {result['interval_ms']:.0f} ms per stream ({result['emit']}), "
-          f"policy {result['policy']}")
-    print(f"{'per-token latency (ms)':<26} {'p50':>8} {'p99':>8} {'mean':>8}")
-    print(f"{'direct to the source':<26} {d['p50']:>8.3f} {d['p99']:>8.3f} {d['mean']:>8.3f}")
-    print(f"{'through the sidecar':<26} {p['p50']:>8.3f} {p['p99']:>8.3f} {p['mean']:>8.3f}")
-    print(f"{'added by the sidecar':<26} {a['p50']:>8.3f} {a['p99']:>8.3f} {a['mean']:>8.3f}")
-    if any(result["incomplete_streams"].values()):
-        print(f"incomplete streams: {result['incomplete_streams']}")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) in (4, 5) and sys.argv[1] == "token-source":
-        run_token_source(int(sys.argv[2]), float(sys.argv[3]), *sys.argv[4:5])
-    else:
-        print("usage: python -m jitserve.sidecar.loadgen token-source PORT INTERVAL_S [EMIT]",
-              file=sys.stderr)
-        sys.exit(2)
+def register_under_sidecar(sidecar_commands: Any) -> None:
+    """``jitserve sidecar bench-live``."""
+    live = sidecar_commands.add_parser(
+        "bench-live", help="replay a short mixed workload against a live URL"
+    )
+    add_bench_live_arguments(live)
+    live.set_defaults(handler=bench_live_main)

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-from jitserve.sidecar import tinymodel
+from jitserve.devstack import tinymodel
 
 
 def cache_dir() -> Path:

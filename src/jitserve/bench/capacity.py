@@ -13,9 +13,9 @@ import dataclasses
 
 import numpy as np
 
+from jitserve.bench.variants import make_setup
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import Program, Request, Workitem
-from jitserve.scheduling.registry import make_setup
 from jitserve.sim.engine import Engine
 from jitserve.sim.latency import Profile
 from jitserve.sim.workload import WorkloadSpec, generate
