@@ -5,13 +5,15 @@ Who owns what:
   the true output length, which only the engine and the oracle estimator may read.
 - :class:`Program` is a compound request: stages of LLM calls, each stage depending on
   all calls of the previous one, with tool-call time between stages.
-- :class:`LiveRequest` / :class:`LiveProgram` are the mutable state that an engine (the
-  simulator or the sidecar) updates and that scheduling policies read.
+- :class:`LiveRequest` / :class:`LiveProgram` are the mutable state of a request in
+  flight. Only the request lifecycle (:mod:`jitserve.serving`) writes them, one method per
+  state change; scheduling policies read them and keep their own values (priority, frames
+  waited, demotion) to themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from jitserve.slo import SLO, CompoundSLO, LatencySLO, SLOError, SLOKind
@@ -163,14 +165,11 @@ class LiveRequest:
     started_s: float | None = None
     """When the request was first admitted (None: never scheduled)."""
     preemptions: int = 0
-    frames_waited: int = 0
     bound: int = 0
     """Current upper bound on total output tokens (refined as tokens are generated)."""
     expected: float = 0.0
     """Typical total output tokens (expected gain and cost), refined with the bound."""
     bound_refined_at: int = -1
-    priority: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.prefill_target == 0:

@@ -46,8 +46,8 @@ def time_frame(n: int, repeats: int = 20) -> float:
         started = time.perf_counter()
         plan = policy.frame(view)
         samples.append(time.perf_counter() - started)
-        for r in plan.retire:
-            policy.enqueue(r, 10.0)
+        for retirement in plan.retire:
+            policy.enqueue(retirement.request, 10.0)
     return float(np.median(samples) * 1e3)
 
 

@@ -1,14 +1,16 @@
-"""The scheduling-policy interface that every engine drives.
+"""The scheduling-policy interface that the request lifecycle drives.
 
 Ownership (as in vLLM v1, request state is separate from policy):
-- the *engine* (``jitserve.sim.engine`` or the sidecar's dispatcher) owns
-  :class:`~jitserve.requests.LiveRequest` state, the running set, KV capacity and time;
-- the *policy* owns the waiting queue and its order. The engine calls
-  :meth:`Policy.enqueue` on arrival (or after a preemption), :meth:`Policy.pop_next`
-  when it has room for one more request, :meth:`Policy.frame` at every scheduling frame
-  boundary (every ``frame_steps`` decode steps), and :meth:`Policy.on_finish` when a
-  request completes. A :class:`FramePlan` is plain data: which running requests to
-  preempt and which requests to retire.
+- the *lifecycle* (:mod:`jitserve.serving`) owns :class:`~jitserve.requests.LiveRequest`
+  state (phase, tokens, bounds); the engines driving it (the simulator, the sidecar) own
+  time, the running set and the backend;
+- the *policy* owns the waiting queue, its order and every value it computes to decide
+  (priority, frames waited, demotion), kept in its own maps, never written into requests.
+  The lifecycle calls :meth:`Policy.enqueue` on arrival (or after a preemption),
+  :meth:`Policy.pop_next` when there is room for one more request, :meth:`Policy.frame`
+  at every scheduling frame boundary, and :meth:`Policy.on_finish` when a request leaves.
+  A :class:`FramePlan` is plain data: which running requests to preempt and which
+  requests to retire, each with its reason.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from jitserve.policy import SLOPolicySpec
-from jitserve.requests import LiveRequest, Phase
+from jitserve.requests import LiveRequest
 
 
 @dataclass(slots=True)
@@ -41,12 +44,30 @@ class EngineView:
     marginal cost of one more prompt or output token when the token budget binds."""
 
 
+class RetireReason(StrEnum):
+    """Why overload control gave up on a request (a metric label and an API error code)."""
+
+    MAX_WAITING = "max_waiting"
+    """Never started within ``admission.maxWaitingSeconds`` and not planned to be."""
+    UNREACHABLE = "unreachable"
+    """Its deadline cannot be met even if it ran alone at full speed from now."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retirement:
+    request: LiveRequest
+    reason: RetireReason
+
+
 @dataclass(slots=True)
 class FramePlan:
     preempt: list[LiveRequest] = field(default_factory=list)
-    """Running requests to stop now; the engine re-enqueues them (tokens are kept)."""
-    retire: list[LiveRequest] = field(default_factory=list)
-    """Waiting or running requests to give up on (overload); the engine ends them."""
+    """Running requests to stop now; the lifecycle re-enqueues them (tokens are kept)."""
+    retire: list[Retirement] = field(default_factory=list)
+    """Waiting or running requests to give up on (overload); the lifecycle ends them."""
+
+    def retired(self) -> set[LiveRequest]:
+        return {r.request for r in self.retire}
 
 
 class Policy(ABC):
@@ -79,15 +100,22 @@ class Policy(ABC):
         """How many requests wait."""
 
     def configure(self, spec: SLOPolicySpec) -> None:
-        """Apply (new) settings: at start and on hot reload of the policy file."""
+        """Apply (new) settings: at start and on hot reload of the policy file. What the
+        policy learned (e.g. an auto-tuned cutoff) is kept."""
         self.frame_steps = spec.scheduler.frame_steps
+
+    def priority_of(self, r: LiveRequest) -> float:
+        """The policy's current rank value of ``r`` (higher = served first): the sidecar
+        maps it to vLLM's ``priority``; metrics and the debug view show it."""
+        return 0.0
 
     def frame(self, view: EngineView) -> FramePlan:
         """Called at every frame boundary. Default: keep everything as it is."""
         return FramePlan()
 
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:  # noqa: B027
-        """``r`` completed and earned ``goodput_tokens``."""
+        """``r`` left the engine (finished, retired or cancelled) having earned
+        ``goodput_tokens``; the policy forgets what it kept about ``r``."""
 
     def describe(self) -> dict[str, float]:
         """Live figures for metrics and status (e.g. the effective cutoff p)."""
@@ -185,8 +213,10 @@ class KeyedPolicy(QueuedPolicy):
         """Sort key; lower runs first."""
 
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        r.phase = Phase.WAITING
         self.queue.push(r, self.key(r, now_s))
+
+    def priority_of(self, r: LiveRequest) -> float:
+        return -self.key(r, 0.0)
 
     def frame(self, view: EngineView) -> FramePlan:
         now = view.now_s

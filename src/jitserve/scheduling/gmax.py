@@ -34,8 +34,14 @@ import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import CutoffMode, Objective, OverloadAction, SLOPolicySpec
-from jitserve.requests import LiveProgram, LiveRequest, Phase
-from jitserve.scheduling.base import EngineView, FramePlan, QueuedPolicy
+from jitserve.requests import LiveProgram, LiveRequest
+from jitserve.scheduling.base import (
+    EngineView,
+    FramePlan,
+    QueuedPolicy,
+    Retirement,
+    RetireReason,
+)
 from jitserve.slo import LatencySLO
 
 OUTSIDE_GROUP = 1e13
@@ -87,6 +93,15 @@ class CutoffTuner:
         self._epochs = 0
         self._rng = random.Random(seed)
 
+    def reconfigure(self, candidates: list[float], start: float, epoch_frames: int) -> None:
+        """New settings on hot reload: what was learned about candidates still offered is
+        kept, and so is the current value if it is still a candidate."""
+        self.candidates = sorted(set(candidates) | {start})
+        self._reward = {c: r for c, r in self._reward.items() if c in self.candidates}
+        if self.value not in self.candidates:
+            self.value = start
+        self.epoch_frames = epoch_frames
+
     def earned(self, tokens: float) -> None:
         self._earned += tokens
 
@@ -126,6 +141,11 @@ class GMAX(QueuedPolicy):
         self._batch = 256
         self._service: dict[str, float] = defaultdict(float)
         self._seen_generated: dict[LiveRequest, int] = {}
+        # policy-private per-request values (never written into the request)
+        self._priority: dict[LiveRequest, float] = {}
+        self._frames_waited: dict[LiveRequest, int] = {}
+        self._demoted: set[LiveRequest] = set()
+        self.tuner: CutoffTuner | None = None
         self._last_frame_s: float | None = None
         self._threshold = -math.inf
         """Priority an arrival needs to join the current group (cutoff x B-th best)."""
@@ -137,11 +157,14 @@ class GMAX(QueuedPolicy):
         self.spec = spec
         s = spec.scheduler
         self.frame_steps = s.frame_steps
-        self.tuner = CutoffTuner(
-            s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames, self._seed
-        )
+        if self.tuner is None:
+            self.tuner = CutoffTuner(
+                s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames, self._seed
+            )
+        else:
+            self.tuner.reconfigure(s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames)
         self.auto_cutoff = s.cutoff.mode is CutoffMode.AUTO
-        self.cutoff = s.cutoff.value
+        self.cutoff = self.tuner.value if self.auto_cutoff else s.cutoff.value
 
     # ---- priorities -----------------------------------------------------------------
     def _priorities(
@@ -170,9 +193,9 @@ class GMAX(QueuedPolicy):
             typical[i] = max((r.expected or r.bound) - g, 1)
             prefill_left[i] = r.prefill_target - r.prefilled
             prompt[i] = req.prompt_tokens
-            waited[i] = r.frames_waited
+            waited[i] = self._frames_waited.get(r, 0)
             slo = req.slo
-            if r.extra.get("demoted"):
+            if r in self._demoted:
                 deadline[i] = math.inf
             elif isinstance(slo, LatencySLO) and r.program is None:
                 is_latency[i] = True
@@ -247,21 +270,28 @@ class GMAX(QueuedPolicy):
 
     # ---- queue ------------------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        r.phase = Phase.WAITING
         priority, latest_start = self._priorities([r], now_s)
-        r.priority = float(priority[0])
-        self.queue.push(
-            r, self._key(r.priority, float(latest_start[0]), r.priority >= self._threshold)
-        )
+        p = self._priority[r] = float(priority[0])
+        self.queue.push(r, self._key(p, float(latest_start[0]), p >= self._threshold))
+
+    def priority_of(self, r: LiveRequest) -> float:
+        return self._priority.get(r, 0.0)
 
     def remove(self, r: LiveRequest) -> None:
         super().remove(r)
-        self._seen_generated.pop(r, None)
+        self._forget(r)
 
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        assert self.tuner is not None
         self.tuner.earned(goodput_tokens)
         self._account_service(r)
+        self._forget(r)
+
+    def _forget(self, r: LiveRequest) -> None:
         self._seen_generated.pop(r, None)
+        self._priority.pop(r, None)
+        self._frames_waited.pop(r, None)
+        self._demoted.discard(r)
 
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.cutoff, "median_priority": self._median_priority}
@@ -281,19 +311,24 @@ class GMAX(QueuedPolicy):
         self._batch = view.max_running
         self._decay_service(now)
         if self.auto_cutoff:
+            assert self.tuner is not None
             self.tuner.on_frame(now)
             self.cutoff = self.tuner.value
         plan = FramePlan()
         waiting = self.queue.members()
         for r in waiting:
-            r.frames_waited += 1
+            self._frames_waited[r] = self._frames_waited.get(r, 0) + 1
         running = list(view.running)
         for r in running:
             self._account_service(r)
         # Overload control (seed 003): give up on deadlines that cannot be met even at
         # full speed, before they take a place in the group.
-        self._give_up([r for r in (*running, *waiting) if self._unreachable(r, now)], plan)
-        gone = set(plan.retire)
+        self._give_up(
+            [r for r in (*running, *waiting) if self._unreachable(r, now)],
+            RetireReason.UNREACHABLE,
+            plan,
+        )
+        gone = plan.retired()
         running = [r for r in running if r not in gone]
         waiting = [r for r in waiting if r not in gone]
         live = running + waiting
@@ -306,7 +341,7 @@ class GMAX(QueuedPolicy):
             top = float(priority.max()) or 1.0
             priority = (1 - f) * priority / top + f * self._fair(live)
         for r, p in zip(live, priority, strict=True):
-            r.priority = float(p)
+            self._priority[r] = float(p)
         chosen = self._group(live, priority, view.max_running)
         self._admit_feasible(live, len(running), priority, latest_start, chosen, now)
         # Admission control (paper section 5): retire a request that waited past the
@@ -317,10 +352,10 @@ class GMAX(QueuedPolicy):
         overdue = [
             r for i, r in enumerate(waiting) if not chosen[first + i] and self._overdue(r, now)
         ]
-        self._give_up(overdue, plan)
+        self._give_up(overdue, RetireReason.MAX_WAITING, plan)
         gone = set(overdue)
         self.queue.rebuild(
-            (self._key(r.priority, float(latest_start[first + i]), bool(chosen[first + i])), r)
+            (self._key(self._priority[r], float(latest_start[first + i]), chosen[first + i]), r)
             for i, r in enumerate(waiting)
             if r not in gone
         )
@@ -406,24 +441,24 @@ class GMAX(QueuedPolicy):
         free = view.max_running - len(running)
         challengers = sorted(
             (r for i, r in enumerate(waiting) if chosen[len(running) + i]),
-            key=lambda r: -r.priority,
+            key=lambda r: -self._priority[r],
         )[max(free, 0) :]
         if not settings.enabled or not challengers:
             return
         victims = sorted(
-            (r for i, r in enumerate(running) if not chosen[i]), key=lambda r: r.priority
+            (r for i, r in enumerate(running) if not chosen[i]), key=lambda r: self._priority[r]
         )
         frame_s = self.frame_steps * self._decode_s
         token_rate = max(len(running), 1) / self._decode_s
         for challenger, victim in zip(challengers[: settings.max_per_frame], victims, strict=False):
-            gain = (challenger.priority - victim.priority) * frame_s
+            gain = (self._priority[challenger] - self._priority[victim]) * frame_s
             stall_s = victim.context_tokens * self._token_s
             if gain > settings.cost_factor * stall_s * token_rate:
                 plan.preempt.append(victim)
 
     def _unreachable(self, r: LiveRequest, now: float) -> bool:
         """A deadline that cannot be met even if r ran alone at full speed from now."""
-        if r.extra.get("demoted") or (isinstance(r.req.slo, LatencySLO) and r.program is None):
+        if r in self._demoted or (isinstance(r.req.slo, LatencySLO) and r.program is None):
             return False
         deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
         fastest = (r.prefill_target - r.prefilled) * self._prefill_s + self._decode_s
@@ -433,15 +468,15 @@ class GMAX(QueuedPolicy):
         waited = now - r.req.arrival_s
         return r.started_s is None and waited > self.spec.admission.max_waiting_seconds
 
-    def _give_up(self, rs: list[LiveRequest], plan: FramePlan) -> None:
+    def _give_up(self, rs: list[LiveRequest], reason: RetireReason, plan: FramePlan) -> None:
         demote = self.spec.admission.overload_action is OverloadAction.DEMOTE
         for r in rs:
-            if r.extra.get("demoted"):
+            if r in self._demoted:
                 continue
             if demote:
-                r.extra["demoted"] = 1.0
+                self._demoted.add(r)
             else:
-                plan.retire.append(r)
+                plan.retire.append(Retirement(r, reason))
 
     def _decay_service(self, now: float) -> None:
         if self._last_frame_s is not None:

@@ -442,7 +442,9 @@ class Dispatcher:
         if job.min_tokens:
             sampling["min_tokens"] = max(0, job.min_tokens - done)
         # vLLM: lower value = served first; rank by the policy's priority (higher first)
-        job.vllm_priority = sum(1 for other in self.running if other.live.priority > live.priority)
+        mine = self.policy.priority_of(live)
+        job.vllm_priority = sum(
+            1 for other in self.running if self.policy.priority_of(other.live) > mine)
         self.running.add(job)
         self.dispatch_log.append({"request_id": job.request_id, "segment": job.segment,
                                   "generated": done, "t": now, "vllm_priority": job.vllm_priority})
@@ -640,11 +642,11 @@ class Dispatcher:
         started = time.perf_counter()
         plan = self.policy.frame(view)
         spent = time.perf_counter() - started
-        priorities = {j.request_id: j.live.priority
+        priorities = {j.request_id: self.policy.priority_of(j.live)
                       for j in itertools.islice(itertools.chain(self.running, self.waiting), 50)}
         retired, preempted = [], []
-        for r in plan.retire:
-            victim = self.jobs.get(r)
+        for retirement in plan.retire:
+            victim = self.jobs.get(retirement.request)
             if victim is not None and not victim.done:
                 self._retire(victim, now)
                 retired.append(victim.request_id)

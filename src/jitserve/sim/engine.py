@@ -551,8 +551,8 @@ class Engine:
         plan = self.policy.frame(view)
         self.stats.frame_seconds.add(time.perf_counter() - started)
         self.stats.frames += 1
-        for r in plan.retire:
-            self._retire(r)
+        for retirement in plan.retire:
+            self._retire(retirement.request)
         for r in plan.preempt:
             if r.phase is Phase.RUNNING:
                 self._preempt(r)
