@@ -139,6 +139,13 @@ class LiveProgram:
     retired: bool = False
     attained_tokens: int = 0
     """Output tokens of the program's finished calls so far."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the program's calls so far."""
+    final_stage: bool = True
+    """Whether the current stage is the program's last (known upfront in simulation; the
+    sidecar learns it from the client's ``final`` flag)."""
+    ended: bool = False
+    """The program's outcome has been given (finished, retired or expired)."""
 
     @property
     def deadline_abs_s(self) -> float:

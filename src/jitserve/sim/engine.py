@@ -1,10 +1,12 @@
-"""Discrete-event model of a vLLM-like engine driving a scheduling :class:`Policy`.
+"""Discrete-event model of a vLLM-like engine driving the request lifecycle.
 
 Who owns what:
 - the *workload* yields requests and compound programs in arrival order;
-- the :class:`Engine` owns time, the running set, KV capacity, chunked prefill, continuous
-  batching, recompute preemption and compound-program stage progression (tool calls take
-  wall time off-engine), and reports an :class:`~jitserve.goodput.Outcome` per request;
+- the :class:`~jitserve.serving.lifecycle.Lifecycle` (the same one the sidecar drives)
+  owns request state, the policy calls, bounds, frames and outcomes;
+- this :class:`Engine` is its :class:`~jitserve.serving.lifecycle.Executor`: it owns
+  modelled time, KV capacity, chunked prefill, continuous batching, the cost of recompute
+  preemption and the wall time of tool calls between the stages of a compound program;
 - the *policy* owns the waiting queue and decides order, preemption and retirement, at
   admission time and at every frame boundary (``policy.frame_steps`` iterations).
 
@@ -20,25 +22,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.goodput import (
-    GoodputLedger,
-    LogHistogram,
-    Outcome,
-    latency_tokens_on_time,
-    score_request,
-)
-from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request, Workitem
-from jitserve.scheduling.base import EngineView, Policy
-from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
+from jitserve.goodput import GoodputLedger, LogHistogram
+from jitserve.requests import LiveProgram, LiveRequest, Program, Request, Workitem
+from jitserve.scheduling.base import Policy
+from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
+from jitserve.serving.lifecycle import Lifecycle
+from jitserve.serving.speed import SpeedMeter
 from jitserve.sim.latency import Profile
-from jitserve.slo import LatencySLO
 
 
 class Timeline:
@@ -125,12 +121,19 @@ class Engine:
         refine_every: int = 50,
     ) -> None:
         self.profile = profile
+        prefill_s = profile.a1_s_per_prefill_token
+        self.lifecycle = Lifecycle(
+            policy,
+            estimator,
+            self,
+            SpeedMeter(profile.a0_s, prefill_s, prefill_s),
+            stage_share=stage_share,
+            ledger=ledger,
+            refine_every=refine_every,
+        )
         self.policy = policy
-        self.estimator = estimator
-        self.stage_share = stage_share or UniformStageShare()
-        self.ledger = ledger or GoodputLedger()
-        self.refine_every = refine_every
-        self.stats = EngineStats()
+        self.ledger = self.lifecycle.ledger
+        self._stats = EngineStats()
         self.now = 0.0
         self.chunked = policy.chunked_prefill
         self._timeline = Timeline()
@@ -142,14 +145,20 @@ class Engine:
         self._events: list[tuple[float, int, Workitem | tuple[LiveProgram, int]]] = []
         self._seq = itertools.count()
         self._steps_since_frame = 0
-        self._decode_step_s = profile.a0_s
-        self._token_s = profile.a1_s_per_prefill_token
-        self._prefill_s = profile.a1_s_per_prefill_token
-        self._ontime: dict[LiveRequest, int] = {}
-        self._last_token_s: dict[LiveRequest, float] = {}
-        self._program_stage_start: dict[LiveProgram, list[float]] = {}
-        self._members: dict[LiveProgram, list[LiveRequest]] = {}
-        self.live = 0  # requests (not programs) that are waiting or running
+
+    @property
+    def stats(self) -> EngineStats:
+        lifecycle = self.lifecycle.stats
+        self._stats.preemptions = lifecycle.preemptions
+        self._stats.retired = lifecycle.retired
+        self._stats.frames = lifecycle.frames
+        self._stats.frame_seconds = lifecycle.frame_seconds
+        return self._stats
+
+    @property
+    def live(self) -> int:
+        """Requests (not programs) that are waiting or running."""
+        return self.lifecycle.live
 
     # ---- inputs -----------------------------------------------------------------
     def submit(self, item: Workitem) -> None:
@@ -167,34 +176,19 @@ class Engine:
         return self._events[0][0] if self._events else math.inf
 
     # ---- arrivals ---------------------------------------------------------------
-    def _start_request(self, req: Request, program: LiveProgram | None) -> LiveRequest:
-        r = LiveRequest(req=req, program=program)
-        r.bound = self.estimator.bound(req, 0)
-        r.expected = self.estimator.expected(req, 0)
-        r.bound_refined_at = 0
-        self._ontime[r] = 0
-        self.live += 1
-        self.policy.enqueue(r, self.now)
-        return r
-
     def _start_stage(self, lp: LiveProgram, stage: int, at_s: float) -> None:
-        lp.stage = stage
-        lp.stage_started_s = at_s
-        lp.prev_stage_share = 0.0 if stage == 0 else lp.stage_share
-        lp.stage_share = self.stage_share.stage_share(lp.program, stage)
-        members = lp.program.stage_requests(stage, at_s)
-        lp.open_members = len(members)
-        self._program_stage_start.setdefault(lp, []).append(at_s)
-        self._members[lp] = [self._start_request(req, lp) for req in members]
+        self.lifecycle.begin_stage(lp, stage, at_s)
+        for req in lp.program.stage_requests(stage, at_s):
+            self.lifecycle.arrive(req, self.now, lp)
 
     def _take_arrivals(self) -> None:
         events = self._events
         while events and events[0][0] <= self.now:
             at_s, _, item = heapq.heappop(events)
             if isinstance(item, Request):
-                self._start_request(item, None)
+                self.lifecycle.arrive(item, self.now)
             elif isinstance(item, Program):
-                self._start_stage(LiveProgram(program=item), 0, at_s)
+                self._start_stage(self.lifecycle.open_program(item), 0, at_s)
             else:
                 lp, stage = item
                 self._start_stage(lp, stage, at_s)
@@ -222,7 +216,7 @@ class Engine:
             budget_left = profile.prefill_first_token_budget - self._kv_prefill_reserved
         admitted = False
         while self.running < profile.max_running and (budget_left > 0 or not self.running):
-            r = self.policy.peek_next(self.now)
+            r = self.lifecycle.peek_next(self.now)
             if r is None:
                 break
             need = r.prefill_target + profile.kv_block_tokens
@@ -230,11 +224,8 @@ class Engine:
                 break
             if not self.chunked and admitted and r.prefill_target > budget_left:
                 break
-            self.policy.pop_next(self.now)
-            r.phase = Phase.RUNNING
-            if r.started_s is None:
-                r.started_s = self.now
-            r.prefilled = 0
+            started = self.lifecycle.start_next(self.now)
+            assert started is r
             self._kv_prefill_reserved += r.prefill_target
             self._prefilling.append(r)
             budget_left -= r.prefill_target
@@ -292,17 +283,15 @@ class Engine:
         decode_context = self._decode_context() if decoders else 0
         dt = profile.step_s(prefill_tokens, pairs, decoders, decode_context, decoders + len(chunks))
         self.now += dt
-        self.stats.iterations += 1
-        self.stats.busy_s += dt
+        self._stats.iterations += 1
+        self._stats.busy_s += dt
         self._steps_since_frame += 1
-        self.stats.prefill_tokens += prefill_tokens
-        self._token_s += 0.05 * (dt / (prefill_tokens + decoders) - self._token_s)
-        self._prefill_s += 0.05 * (dt / prefill_tokens - self._prefill_s)
+        self._stats.prefill_tokens += prefill_tokens
+        self.lifecycle.speed.prefill_iteration(dt, prefill_tokens, decoders)
         if decoders:
             self._timeline.extend(np.array([self.now]))
-            self.stats.decode_steps += 1
-            self.stats.output_tokens += decoders
-            self._decode_step_s += 0.1 * (dt - self._decode_step_s)
+            self._stats.decode_steps += 1
+            self._stats.output_tokens += decoders
             self._finish_due()
         for r, c in chunks:
             r.prefilled += c
@@ -313,12 +302,8 @@ class Engine:
 
     def _emit_prefill_token(self, r: LiveRequest) -> None:
         """The last prefill chunk produces the next token; then the request decodes."""
-        index = r.generated
-        r.generated += 1
-        self.stats.output_tokens += 1
-        if r.first_token_s is None:
-            r.first_token_s = self.now
-        self._count_token_times(r, np.array([self.now]), index)
+        self.lifecycle.delivered(r, np.array([self.now]), r.generated)
+        self._stats.output_tokens += 1
         true_length = r.req.output_tokens or 1
         if r.generated >= true_length:
             self._finish(r)
@@ -328,20 +313,6 @@ class Engine:
         self._decoding[r] = d
         self._context_offset += r.context_tokens - step
         heapq.heappush(self._finish_heap, (d.finish_step, next(self._seq), d))
-
-    def _count_token_times(
-        self, r: LiveRequest, times: npt.NDArray[np.float64], first_index: int
-    ) -> None:
-        slo = r.req.slo
-        if isinstance(slo, LatencySLO) and r.program is None:
-            self._ontime[r] += latency_tokens_on_time(
-                times, first_index, r.req.arrival_s, slo.ttft_s, slo.tbt_s
-            )
-        last = self._last_token_s.get(r)
-        if times.size:
-            gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
-            self.ledger.tbt.add_many(gaps)
-            self._last_token_s[r] = float(times[-1])
 
     def _decode_stretch(self, until_s: float) -> None:
         """Advance m decode-only steps in closed form, stopping at the next event."""
@@ -370,13 +341,12 @@ class Engine:
             ends = ends[:m]
         self._timeline.extend(ends)
         dt = float(ends[-1]) - self.now
-        self._decode_step_s += 0.3 * (dt / m - self._decode_step_s)
-        self._token_s += 0.05 * (dt / (m * d) - self._token_s)
+        self.lifecycle.speed.decode_stretch(dt, m, d)
         self.now = float(ends[-1])
-        self.stats.iterations += m
-        self.stats.decode_steps += m
-        self.stats.busy_s += dt
-        self.stats.output_tokens += m * d
+        self._stats.iterations += m
+        self._stats.decode_steps += m
+        self._stats.busy_s += dt
+        self._stats.output_tokens += m * d
         self._steps_since_frame += m
         self._finish_due()
 
@@ -395,167 +365,40 @@ class Engine:
         r = d.r
         del self._decoding[r]
         stop = min(completed_steps, d.finish_step)
-        r.generated = d.start_generated + (stop - d.start_step)
         self._context_offset -= (r.req.prompt_tokens + d.start_generated) - d.start_step
-        self._count_token_times(r, self._timeline.window(d.start_step, stop), d.start_generated)
+        self.lifecycle.delivered(r, self._timeline.window(d.start_step, stop), d.start_generated)
 
-    def _sync_generated(self) -> None:
+    # ---- the lifecycle's executor ---------------------------------------------------------
+    def sync(self, now_s: float) -> None:
         g = self._timeline.steps
         for d in self._decoding.values():
-            d.r.generated = d.start_generated + (g - d.start_step)
+            self.lifecycle.progress(d.r, d.start_generated + (g - d.start_step))
 
-    # ---- completion, preemption, retirement -----------------------------------------
-    def _finish(self, r: LiveRequest) -> None:
-        r.phase = Phase.FINISHED
-        self.live -= 1
-        self.estimator.observe(r.req, r.generated)
-        self._last_token_s.pop(r, None)
-        ontime = self._ontime.pop(r, 0)
-        lp = r.program
-        if lp is not None:
-            lp.open_members -= 1
-            lp.attained_tokens += r.generated
-            if lp.open_members == 0 and not lp.retired:
-                self._stage_done(lp, r)
-            return
-        goodput, met = score_request(
-            r.req.slo, r.req.prompt_tokens, r.generated, self.now, r.deadline_abs_s, ontime
-        )
-        self._record(r, goodput, met)
-
-    def _record(self, r: LiveRequest, goodput: int, met: bool, retired: bool = False) -> None:
-        req = r.req
-        ttft = None if r.first_token_s is None else r.first_token_s - req.arrival_s
-        outcome = Outcome(
-            req.tenant,
-            req.kind,
-            req.slo_class,
-            req.prompt_tokens,
-            r.generated,
-            goodput,
-            met,
-            retired,
-            ttft,
-            self.now - req.arrival_s,
-        )
-        self.ledger.record(outcome)
-        self.policy.on_finish(r, goodput, self.now)
-
-    def _stage_done(self, lp: LiveProgram, last: LiveRequest) -> None:
-        program = lp.program
-        if lp.stage + 1 < len(program.stages):
-            tool_s = program.stages[lp.stage].tool_s
-            heapq.heappush(self._events, (self.now + tool_s, next(self._seq), (lp, lp.stage + 1)))
-            return
-        self._members.pop(lp, None)
-        starts = self._program_stage_start.pop(lp, [])
-        ends = [*starts[1:], self.now]
-        self.stage_share.observe_program(
-            program, [e - s for s, e in zip(starts, ends, strict=True)]
-        )
-        outcome = self._record_program(lp, retired=False)
-        self.policy.on_finish(last, outcome.goodput_tokens, self.now)
-
-    def _record_program(self, lp: LiveProgram, retired: bool) -> Outcome:
-        """One outcome per compound program: all its tokens count if it finished in time."""
-        program = lp.program
-        goodput, met = (
-            (0, False)
-            if retired
-            else score_request(
-                program.slo,
-                program.input_tokens,
-                program.output_tokens,
-                self.now,
-                lp.deadline_abs_s,
-            )
-        )
-        outcome = Outcome(
-            program.tenant,
-            program.slo.kind,
-            program.slo_class,
-            program.input_tokens,
-            program.output_tokens,
-            goodput,
-            met,
-            retired,
-            None,
-            self.now - program.arrival_s,
-        )
-        self.ledger.record(outcome)
-        return outcome
-
-    def _stop_running(self, r: LiveRequest) -> None:
+    def stop(self, r: LiveRequest) -> None:
         d = self._decoding.get(r)
         if d is not None:
             self._close_segment(d, self._timeline.steps)
         elif r in self._prefilling:
             self._prefilling.remove(r)
             self._kv_prefill_reserved -= r.prefill_target
-        r.prefilled = 0
 
-    def _preempt(self, r: LiveRequest) -> None:
-        self._stop_running(r)
-        r.prefill_target = r.req.prompt_tokens + r.generated
-        r.preemptions += 1
-        self.stats.preemptions += 1
-        self.policy.enqueue(r, self.now)
+    # ---- completion, preemption, frames ----------------------------------------------
+    def _finish(self, r: LiveRequest) -> None:
+        self.lifecycle.finish(r, self.now)
+        lp = r.program
+        if lp is not None and not lp.ended and not self.lifecycle.stage_open(lp):
+            # the stage is done: its tool call runs off-engine, then the next stage arrives
+            tool_s = lp.program.stages[lp.stage].tool_s
+            heapq.heappush(self._events, (self.now + tool_s, next(self._seq), (lp, lp.stage + 1)))
 
     def _kv_preempt(self) -> None:
         victim = max(self._decoding, key=lambda r: r.started_s or 0.0)
-        self.stats.kv_preemptions += 1
-        self._preempt(victim)
-
-    def _retire(self, r: LiveRequest) -> None:
-        if r.phase is Phase.RUNNING:
-            self._stop_running(r)
-        elif r.phase is Phase.WAITING:
-            self.policy.remove(r)
-        else:
-            return
-        r.phase = Phase.RETIRED
-        self.live -= 1
-        self.stats.retired += 1
-        self._last_token_s.pop(r, None)
-        ontime = self._ontime.pop(r, 0)
-        lp = r.program
-        if lp is None:
-            self._record(r, ontime, met=False, retired=True)
-            return
-        lp.open_members -= 1
-        if not lp.retired:
-            lp.retired = True
-            self._record_program(lp, retired=True)
-            self._program_stage_start.pop(lp, None)
-            for member in self._members.pop(lp, []):
-                self._retire(member)
+        self._stats.kv_preemptions += 1
+        self.lifecycle.preempt(victim, self.now)
 
     def _frame(self) -> None:
         self._steps_since_frame = 0
-        self._sync_generated()
-        for r in (*self._decoding, *self._prefilling):
-            if r.generated - r.bound_refined_at >= self.refine_every or r.generated >= r.bound:
-                r.bound = self.estimator.bound(r.req, r.generated)
-                r.expected = self.estimator.expected(r.req, r.generated)
-                r.bound_refined_at = r.generated
-        running = [*self._decoding, *self._prefilling]
-        view = EngineView(
-            self.now,
-            self.profile.max_running,
-            running,
-            self._decode_step_s,
-            self._prefill_s,
-            self._token_s,
-        )
-        started = time.perf_counter()
-        plan = self.policy.frame(view)
-        self.stats.frame_seconds.add(time.perf_counter() - started)
-        self.stats.frames += 1
-        for retirement in plan.retire:
-            self._retire(retirement.request)
-        for r in plan.preempt:
-            if r.phase is Phase.RUNNING:
-                self._preempt(r)
+        self.lifecycle.frame(self.now, self.profile.max_running)
         self._timeline.trim(
             min((d.start_step for d in self._decoding.values()), default=self._timeline.steps)
         )

@@ -1,0 +1,406 @@
+"""THE request lifecycle: one core that the simulator and the sidecar both drive.
+
+Like vLLM v1's scheduler core, this module is synchronous, does no I/O and is told the
+time. It owns every state change of a :class:`~jitserve.requests.LiveRequest` and a
+:class:`~jitserve.requests.LiveProgram`, one method per change, each asserting its
+precondition:
+
+    arrive -> (start_next -> delivered* -> finish | preempt -> start_next ...)
+                                             | retire | cancel | fail
+
+It also builds the :class:`~jitserve.scheduling.base.EngineView` a policy plans with,
+applies the policy's :class:`~jitserve.scheduling.base.FramePlan`, refines length bounds
+and expected lengths, asks for stage shares, and produces one
+:class:`~jitserve.goodput.Outcome` per request and per compound program, scored by
+:mod:`jitserve.goodput`. The engine driving it (``jitserve.sim.engine`` with modelled
+time and KV, ``jitserve.sidecar.dispatcher`` with vLLM streams) is an :class:`Executor`:
+it runs what the lifecycle starts and stops what the lifecycle stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from jitserve.goodput import GoodputLedger, LogHistogram, Outcome, score_request
+from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request
+from jitserve.scheduling.base import EngineView, Policy, RetireReason
+from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
+from jitserve.serving.speed import SpeedMeter
+from jitserve.slo import LatencySLO
+
+RemoteRefine = Callable[[list[LiveRequest]], None]
+"""Asks a remote estimator (the analyzer) for new bounds of the given running requests;
+the answer comes back through :meth:`Lifecycle.refine`."""
+
+
+class Executor(Protocol):
+    """What the lifecycle needs of the engine that runs the requests."""
+
+    def sync(self, now_s: float) -> None:
+        """Bring every running request's ``generated`` up to ``now_s``."""
+
+    def stop(self, r: LiveRequest) -> None:
+        """Stop running ``r`` now, delivering (via :meth:`Lifecycle.delivered`) the
+        tokens it produced so far; ``r`` is still RUNNING during the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    request: LiveRequest
+    reason: RetireReason
+    outcome: Outcome | None
+    """The request's outcome, or its program's (given once, with the first member)."""
+
+
+@dataclass(slots=True)
+class FrameResult:
+    preempted: list[LiveRequest] = field(default_factory=list)
+    retired: list[Retired] = field(default_factory=list)
+    policy_s: float = 0.0
+
+
+@dataclass(slots=True)
+class LifecycleStats:
+    preemptions: int = 0
+    retired: int = 0
+    frames: int = 0
+    frame_seconds: LogHistogram = field(default_factory=LogHistogram)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        policy: Policy,
+        estimator: LengthEstimator,
+        executor: Executor,
+        speed: SpeedMeter,
+        *,
+        stage_share: StageShareEstimator | None = None,
+        ledger: GoodputLedger | None = None,
+        refine_every: int = 50,
+    ) -> None:
+        self.policy = policy
+        self.estimator = estimator
+        self.executor = executor
+        self.speed = speed
+        self.stage_share = stage_share or UniformStageShare()
+        self.ledger = ledger or GoodputLedger()
+        self.refine_every = refine_every
+        self.remote_refine: RemoteRefine | None = None
+        self.stats = LifecycleStats()
+        self.running: dict[LiveRequest, None] = {}
+        """Running requests in the order they started."""
+        self.live = 0
+        """Requests (not programs) waiting or running."""
+        self._ontime: dict[LiveRequest, int] = {}
+        self._last_token_s: dict[LiveRequest, float] = {}
+        self._members: dict[LiveProgram, list[LiveRequest]] = {}
+        self._stage_starts: dict[LiveProgram, list[float]] = {}
+
+    # ---- arrivals ---------------------------------------------------------------------
+    def open_program(self, program: Program) -> LiveProgram:
+        return LiveProgram(program=program)
+
+    def begin_stage(
+        self,
+        lp: LiveProgram,
+        stage: int,
+        now_s: float,
+        *,
+        share: float | None = None,
+        final: bool | None = None,
+    ) -> None:
+        """Stage ``stage`` of ``lp`` starts: its sub-deadline is ``share`` of the program's
+        deadline (default: the stage-share estimator's phi(stage))."""
+        assert not lp.ended, "a program that ended has no next stage"
+        assert lp.open_members == 0 or stage == lp.stage, "the previous stage is still open"
+        if stage != lp.stage or lp not in self._stage_starts:
+            lp.prev_stage_share = 0.0 if stage == 0 else lp.stage_share
+            lp.stage_share = (
+                share if share is not None else self.stage_share.stage_share(lp.program, stage)
+            )
+            lp.stage = stage
+            lp.stage_started_s = now_s
+            self._stage_starts.setdefault(lp, []).append(now_s)
+        lp.final_stage = final if final is not None else stage + 1 >= len(lp.program.stages)
+
+    def arrive(
+        self,
+        req: Request,
+        now_s: float,
+        program: LiveProgram | None = None,
+        bound: int | None = None,
+    ) -> LiveRequest:
+        """``req`` arrives (a compound call: in ``program``'s current stage) and waits."""
+        r = LiveRequest(req=req, program=program)
+        self.refine(r, bound)
+        self._ontime[r] = 0
+        self.live += 1
+        if program is not None:
+            assert not program.ended, "a call arrived for a program that ended"
+            program.open_members += 1
+            program.prompt_tokens += req.prompt_tokens
+            self._members.setdefault(program, []).append(r)
+        self.policy.enqueue(r, now_s)
+        return r
+
+    # ---- running ------------------------------------------------------------------------
+    def peek_next(self, now_s: float) -> LiveRequest | None:
+        return self.policy.peek_next(now_s)
+
+    def start_next(self, now_s: float) -> LiveRequest | None:
+        """The policy's next waiting request starts running (or None: nothing waits)."""
+        r = self.policy.pop_next(now_s)
+        if r is None:
+            return None
+        assert r.phase is Phase.WAITING, f"{r.req.request_id} started while {r.phase.value}"
+        r.phase = Phase.RUNNING
+        if r.started_s is None:
+            r.started_s = now_s
+        r.prefilled = 0
+        self.running[r] = None
+        return r
+
+    def progress(self, r: LiveRequest, generated: int) -> None:
+        """The engine's count of ``r``'s tokens so far (before they are delivered)."""
+        assert r.phase is Phase.RUNNING and generated >= r.generated
+        r.generated = generated
+
+    def delivered(
+        self, r: LiveRequest, times: npt.NDArray[np.float64], first_index: int
+    ) -> None:
+        """Tokens ``first_index, first_index+1, ...`` of ``r`` reached the client at
+        ``times``: count those on the latency timeline and the gaps between tokens."""
+        assert r.phase is Phase.RUNNING, f"tokens for {r.req.request_id} while {r.phase.value}"
+        if not times.size:
+            return
+        if r.first_token_s is None:
+            r.first_token_s = float(times[0])
+        r.generated = max(r.generated, first_index + int(times.size))
+        r.prefilled = r.prefill_target
+        slo = r.req.slo
+        if isinstance(slo, LatencySLO) and r.program is None:
+            due = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
+            self._ontime[r] += int(np.count_nonzero(times <= due + 1e-9))
+        last = self._last_token_s.get(r)
+        gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
+        self.ledger.tbt.add_many(gaps)
+        self._last_token_s[r] = float(times[-1])
+
+    # ---- endings ------------------------------------------------------------------------
+    def finish(self, r: LiveRequest, now_s: float) -> Outcome | None:
+        """``r`` produced its last token. Returns its outcome, or its program's when it
+        was the last call of the program's final stage, else None (the program goes on:
+        :meth:`stage_open` says whether its stage is still open)."""
+        assert r.phase is Phase.RUNNING, f"{r.req.request_id} finished while {r.phase.value}"
+        del self.running[r]
+        r.phase = Phase.FINISHED
+        self.live -= 1
+        self.estimator.observe(r.req, r.generated)
+        self._last_token_s.pop(r, None)
+        ontime = self._ontime.pop(r, 0)
+        lp = r.program
+        if lp is None:
+            goodput, met = score_request(
+                r.req.slo, r.req.prompt_tokens, r.generated, now_s, r.deadline_abs_s, ontime
+            )
+            self.policy.on_finish(r, goodput, now_s)
+            return self._record_request(r, goodput, met, now_s)
+        lp.open_members -= 1
+        lp.attained_tokens += r.generated
+        self._members[lp].remove(r)
+        outcome = None
+        if lp.open_members == 0 and lp.final_stage and not lp.ended:
+            outcome = self._end_program(lp, now_s, retired=False)
+        self.policy.on_finish(r, 0 if outcome is None else outcome.goodput_tokens, now_s)
+        return outcome
+
+    def stage_open(self, lp: LiveProgram) -> bool:
+        return lp.open_members > 0
+
+    def expire_programs(self, programs: Sequence[LiveProgram], now_s: float) -> list[Outcome]:
+        """Programs whose client never said their last call came: past the deadline
+        with no call open, they end (missed)."""
+        return [
+            self._end_program(lp, now_s, retired=False)
+            for lp in programs
+            if not lp.ended and lp.open_members == 0 and now_s > lp.deadline_abs_s
+        ]
+
+    def preempt(self, r: LiveRequest, now_s: float) -> None:
+        """Stop ``r`` and put it back in the queue; its tokens are kept and it resumes
+        with prompt + generated as its new prefill."""
+        assert r.phase is Phase.RUNNING, f"preempting {r.req.request_id} while {r.phase.value}"
+        self.executor.stop(r)
+        del self.running[r]
+        r.prefill_target = r.req.prompt_tokens + r.generated
+        r.prefilled = 0
+        r.preemptions += 1
+        r.phase = Phase.WAITING
+        self.stats.preemptions += 1
+        self.policy.enqueue(r, now_s)
+
+    def retire(self, r: LiveRequest, reason: RetireReason, now_s: float) -> list[Retired]:
+        """Overload control gives up on ``r`` (and on the rest of its program)."""
+        if not self._leave(r):
+            return []
+        self.stats.retired += 1
+        ontime = self._ontime.pop(r, 0)
+        lp = r.program
+        if lp is None:
+            outcome = self._record_request(r, ontime, False, now_s, retired=True)
+            self.policy.on_finish(r, ontime, now_s)
+            return [Retired(r, reason, outcome)]
+        self.policy.on_finish(r, 0, now_s)
+        if lp.ended:
+            return [Retired(r, reason, None)]
+        others = self._members.pop(lp, [])
+        gone = [Retired(r, reason, self._end_program(lp, now_s, retired=True))]
+        for member in others:
+            gone += self.retire(member, reason, now_s)
+        return gone
+
+    def cancel(self, r: LiveRequest, now_s: float) -> None:
+        """The client went away: no outcome is recorded."""
+        if self._leave(r):
+            self._ontime.pop(r, None)
+            self.policy.on_finish(r, 0, now_s)
+
+    def fail(self, r: LiveRequest, now_s: float) -> Outcome | None:
+        """The backend failed ``r``: it earned nothing (a compound call's program goes on
+        and is scored when it ends)."""
+        if not self._leave(r):
+            return None
+        self._ontime.pop(r, None)
+        self.policy.on_finish(r, 0, now_s)
+        return None if r.program is not None else self._record_request(r, 0, False, now_s)
+
+    def _leave(self, r: LiveRequest) -> bool:
+        """Take a waiting or running ``r`` out; False if it already left."""
+        if r.phase is Phase.WAITING:
+            self.policy.remove(r)
+        elif r.phase is Phase.RUNNING:
+            self.executor.stop(r)
+            del self.running[r]
+        else:
+            return False
+        r.phase = Phase.RETIRED
+        self.live -= 1
+        self._last_token_s.pop(r, None)
+        lp = r.program
+        if lp is not None:
+            lp.open_members -= 1
+            members = self._members.get(lp)
+            if members is not None and r in members:
+                members.remove(r)
+        return True
+
+    # ---- frames -------------------------------------------------------------------------
+    def frame(self, now_s: float, max_running: int) -> FrameResult:
+        """A scheduling frame: refresh bounds, let the policy plan, apply its plan."""
+        self.executor.sync(now_s)
+        self._refine_due()
+        view = EngineView(
+            now_s,
+            max_running,
+            list(self.running),
+            self.speed.decode_step_s,
+            self.speed.prefill_s_per_token,
+            self.speed.token_s,
+        )
+        started = time.perf_counter()
+        plan = self.policy.frame(view)
+        result = FrameResult(policy_s=time.perf_counter() - started)
+        self.stats.frame_seconds.add(result.policy_s)
+        self.stats.frames += 1
+        for retirement in plan.retire:
+            result.retired += self.retire(retirement.request, retirement.reason, now_s)
+        for r in plan.preempt:
+            if r.phase is Phase.RUNNING:
+                self.preempt(r, now_s)
+                result.preempted.append(r)
+        return result
+
+    def refine(self, r: LiveRequest, bound: int | None = None, at: int | None = None) -> None:
+        """New length bound (the estimator's, or ``bound`` from a remote one, computed at
+        ``at`` tokens) and expected length of ``r``."""
+        generated = r.generated if at is None else at
+        computed = self.estimator.bound(r.req, generated) if bound is None else bound
+        r.bound = max(computed, r.generated + 1)
+        r.expected = self.estimator.expected(r.req, generated)
+        r.bound_refined_at = generated
+
+    def _refine_due(self) -> None:
+        due = [
+            r
+            for r in self.running
+            if r.generated - r.bound_refined_at >= self.refine_every or r.generated >= r.bound
+        ]
+        if not due:
+            return
+        if self.remote_refine is not None:
+            self.remote_refine(due)
+            return
+        for r in due:
+            self.refine(r)
+
+    # ---- outcomes -----------------------------------------------------------------------
+    def _record_request(
+        self, r: LiveRequest, goodput: int, met: bool, now_s: float, retired: bool = False
+    ) -> Outcome:
+        req = r.req
+        ttft = None if r.first_token_s is None else r.first_token_s - req.arrival_s
+        outcome = Outcome(
+            req.tenant,
+            req.kind,
+            req.slo_class,
+            req.prompt_tokens,
+            r.generated,
+            goodput,
+            met,
+            retired,
+            ttft,
+            now_s - req.arrival_s,
+        )
+        self.ledger.record(outcome)
+        return outcome
+
+    def _end_program(self, lp: LiveProgram, now_s: float, retired: bool) -> Outcome:
+        """One outcome per compound program: all its tokens count if it finished in time."""
+        lp.ended = True
+        lp.retired = retired
+        program = lp.program
+        self._members.pop(lp, None)
+        starts = self._stage_starts.pop(lp, [])
+        if not retired and starts:
+            ends = [*starts[1:], now_s]
+            self.stage_share.observe_program(
+                program, [e - s for s, e in zip(starts, ends, strict=True)]
+            )
+        goodput, met = (
+            (0, False)
+            if retired
+            else score_request(
+                program.slo, lp.prompt_tokens, lp.attained_tokens, now_s, lp.deadline_abs_s
+            )
+        )
+        outcome = Outcome(
+            program.tenant,
+            program.slo.kind,
+            program.slo_class,
+            lp.prompt_tokens,
+            lp.attained_tokens,
+            goodput,
+            met,
+            retired,
+            None,
+            now_s - program.arrival_s,
+        )
+        self.ledger.record(outcome)
+        return outcome
