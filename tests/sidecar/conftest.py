@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jitserve.sidecar import vllm as vl
+from jitserve.devstack import vllm as vl
 
 VLLM_START_TIMEOUT_S = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "600"))
 

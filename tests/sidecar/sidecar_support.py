@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from jitserve.bench.live import StreamResult, stream_completion
-from jitserve.sidecar import vllm as vl
+from jitserve.devstack import vllm as vl
 
 
 class SidecarProcess:
@@ -28,6 +28,7 @@ class SidecarProcess:
         *,
         config: Path,
         max_running: int = 4,
+        engine_queue: int = 0,
         api_keys: dict[str, str] | None = None,
         max_body_bytes: int | None = None,
         log_path: Path | None = None,
@@ -51,6 +52,10 @@ class SidecarProcess:
             str(config),
             "--max-running",
             str(max_running),
+            # 0 by default: these tests watch the sidecar's own queue order; the
+            # engine-queue tests set it
+            "--engine-queue",
+            str(engine_queue),
             "--reload-interval",
             "0.2",
             "--log-level",

@@ -15,7 +15,7 @@ import pytest
 from sidecar_support import get_json, get_text, metric, stream
 
 from jitserve.analyzer.client import AnalyzerClient
-from jitserve.sidecar import vllm as vl
+from jitserve.devstack import vllm as vl
 
 pytestmark = pytest.mark.timeout(240)
 

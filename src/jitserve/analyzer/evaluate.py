@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,8 +95,10 @@ class ServerProcess:
             if not line:
                 break
             self.output.append(line)
-            if line.startswith("analyzer listening on"):
-                self.port = int(line.rsplit(":", 1)[1])
+            # stdout and stderr share the pipe: a log line can land inside this one
+            found = re.search(r"analyzer listening on [^\s:]+:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
                 break
         if not self.port:
             self.stop()

@@ -20,7 +20,7 @@ it runs what the lifecycle starts and stops what the lifecycle stops.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -96,6 +96,8 @@ class Lifecycle:
         self.stats = LifecycleStats()
         self.running: dict[LiveRequest, None] = {}
         """Running requests in the order they started."""
+        self.waiting: dict[LiveRequest, None] = {}
+        """Waiting requests (their order is the policy's)."""
         self.live = 0
         """Requests (not programs) waiting or running."""
         self._ontime: dict[LiveRequest, int] = {}
@@ -147,6 +149,7 @@ class Lifecycle:
             program.open_members += 1
             program.prompt_tokens += req.prompt_tokens
             self._members.setdefault(program, []).append(r)
+        self.waiting[r] = None
         self.policy.enqueue(r, now_s)
         return r
 
@@ -160,6 +163,7 @@ class Lifecycle:
         if r is None:
             return None
         assert r.phase is Phase.WAITING, f"{r.req.request_id} started while {r.phase.value}"
+        del self.waiting[r]
         r.phase = Phase.RUNNING
         if r.started_s is None:
             r.started_s = now_s
@@ -224,14 +228,12 @@ class Lifecycle:
     def stage_open(self, lp: LiveProgram) -> bool:
         return lp.open_members > 0
 
-    def expire_programs(self, programs: Sequence[LiveProgram], now_s: float) -> list[Outcome]:
-        """Programs whose client never said their last call came: past the deadline
-        with no call open, they end (missed)."""
-        return [
-            self._end_program(lp, now_s, retired=False)
-            for lp in programs
-            if not lp.ended and lp.open_members == 0 and now_s > lp.deadline_abs_s
-        ]
+    def expire_program(self, lp: LiveProgram, now_s: float) -> Outcome | None:
+        """A program whose client never said its last call came ends at its deadline,
+        once no call of it is open (missed)."""
+        if lp.ended or lp.open_members > 0 or now_s <= lp.deadline_abs_s:
+            return None
+        return self._end_program(lp, now_s, retired=False)
 
     def preempt(self, r: LiveRequest, now_s: float) -> None:
         """Stop ``r`` and put it back in the queue; its tokens are kept and it resumes
@@ -244,6 +246,7 @@ class Lifecycle:
         r.preemptions += 1
         r.phase = Phase.WAITING
         self.stats.preemptions += 1
+        self.waiting[r] = None
         self.policy.enqueue(r, now_s)
 
     def retire(self, r: LiveRequest, reason: RetireReason, now_s: float) -> list[Retired]:
@@ -285,6 +288,7 @@ class Lifecycle:
         """Take a waiting or running ``r`` out; False if it already left."""
         if r.phase is Phase.WAITING:
             self.policy.remove(r)
+            del self.waiting[r]
         elif r.phase is Phase.RUNNING:
             self.executor.stop(r)
             del self.running[r]
@@ -300,6 +304,13 @@ class Lifecycle:
             if members is not None and r in members:
                 members.remove(r)
         return True
+
+    def switch_policy(self, policy: Policy, now_s: float) -> None:
+        """Hot reload to another scheduler: the waiting requests move to it."""
+        for r in self.waiting:
+            self.policy.remove(r)
+            policy.enqueue(r, now_s)
+        self.policy = policy
 
     # ---- frames -------------------------------------------------------------------------
     def frame(self, now_s: float, max_running: int) -> FrameResult:

@@ -68,6 +68,11 @@ class SLOBody(BaseModel):
     program_id: str | None = Field(None, min_length=1, max_length=256)
     stage: int | None = Field(None, ge=0, le=10_000)
     stages: int | None = Field(None, ge=1, le=10_000)
+    final: bool = Field(
+        False,
+        description="compound: this call belongs to the program's last stage; the program "
+        "ends (and is scored) when the calls of that stage finish",
+    )
     parent_ids: list[str] = Field(default_factory=list, max_length=1024)
 
 
@@ -109,6 +114,7 @@ class ProgramRef:
     stage: int
     parent_ids: tuple[str, ...]
     stages: int | None
+    final: bool = False
 
 
 @dataclass(slots=True)
@@ -222,7 +228,8 @@ def resolve_slo(
                 deadline_s = (base.deadline_s if isinstance(base, CompoundSLO | DeadlineSLO)
                               else defaults.compound_seconds_per_stage * (b.stages or 1))
             slo = CompoundSLO(deadline_s)
-            program = ProgramRef(b.program_id, b.stage or 0, tuple(b.parent_ids), b.stages)
+            program = ProgramRef(b.program_id, b.stage or 0, tuple(b.parent_ids), b.stages,
+                                 b.final)
         else:
             if ttft_ms is not None or tbt_ms is not None:
                 raise bad_request("slo.kind", "best_effort takes no latency targets")

@@ -30,7 +30,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--config", type=Path, help="SLOPolicy spec file, hot-reloaded")
     p.add_argument("--max-running", type=int, default=16,
-                   help="requests dispatched to vLLM at once (batch size B)")
+                   help="B: vLLM's batch slots; must equal vLLM's --max-num-seqs (jitserve up "
+                   "and the operator set both from one setting)")
+    p.add_argument("--engine-queue", type=int, default=None,
+                   help="requests kept queued inside vLLM beyond its B slots, in the policy's "
+                   "order, so a freed slot never waits for the sidecar (default: B/2, >= 2)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument("--reload-interval", type=float, default=1.0, help="seconds between file checks")
@@ -59,7 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     try:
         return SidecarSettings(
             backend_url=args.backend, host=args.host, port=args.port, config_path=args.config,
-            max_running=args.max_running, max_body_bytes=args.max_body_bytes,
+            max_running=args.max_running, engine_queue=args.engine_queue,
+            max_body_bytes=args.max_body_bytes,
             default_max_tokens=args.default_max_tokens, reload_interval_s=args.reload_interval,
             api_keys=keys, api_keys_file=args.api_keys_file, keys_dir=args.keys_dir,
             analyzer=args.analyzer)

@@ -40,7 +40,11 @@ class SidecarSettings(BaseModel):
     config_path: Path | None = Field(default=None,
                                      description="SLOPolicy spec file (YAML or JSON).")
     max_running: int = Field(default=16, ge=1, le=4096,
-                             description="Requests dispatched to vLLM at once (B).")
+                             description="B: vLLM's batch slots (its --max-num-seqs).")
+    engine_queue: int | None = Field(
+        default=None, ge=0, le=4096,
+        description="Requests kept queued inside vLLM beyond its B slots, so a freed slot is "
+                    "refilled in vLLM's next step (default: B/2, at least 2; 0: none).")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     default_max_tokens: int = Field(default=256, ge=1)
     reload_interval_s: float = Field(default=1.0, gt=0, le=300)

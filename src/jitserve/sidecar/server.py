@@ -33,23 +33,21 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from jitserve.policy import SLOPolicySpec
-from jitserve.requests import LiveRequest, Request
+from jitserve.requests import Request
 from jitserve.scheduling.base import Policy
 from jitserve.sidecar.api import Endpoint, ParsedRequest, parse_request
 from jitserve.sidecar.backend import BackendError, BackendUnavailable, VLLMBackend
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
 from jitserve.sidecar.dispatcher import (
-    AsyncBounds,
+    Analyzer,
     Dispatcher,
-    Event,
-    EventKind,
-    Job,
     PolicyFactory,
     default_policy_factory,
 )
 from jitserve.sidecar.errors import APIError, backend_down, bad_request
+from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
-from jitserve.slo import CompoundSLO, SLOError
+from jitserve.slo import SLOError
 
 log = logging.getLogger("jitserve.sidecar")
 
@@ -86,7 +84,7 @@ class SidecarServer:
         settings: SidecarSettings,
         *,
         policy_factory: PolicyFactory = default_policy_factory,
-        analyzer: AsyncBounds | None = None,
+        analyzer: Analyzer | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = SidecarMetrics()
@@ -97,7 +95,7 @@ class SidecarServer:
         self.backend = VLLMBackend(settings.backend_url)
         self.dispatcher = Dispatcher(
             self.backend, self.watcher.spec, self.metrics, max_running=settings.max_running,
-            policy_factory=policy_factory, analyzer=analyzer, min_frame_s=settings.min_frame_s,
+            engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer, min_frame_s=settings.min_frame_s,
             max_frame_s=settings.max_frame_s, health_interval_s=settings.health_interval_s)
         self.dispatcher.apply_spec(self.watcher.spec)
         self.app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors])
@@ -172,7 +170,7 @@ class SidecarServer:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
-        await self.dispatcher.stop()
+        await self.dispatcher.shutdown()
         if self._analyzer_client is not None:
             await self._analyzer_client.close()
 
@@ -203,7 +201,7 @@ class SidecarServer:
         body: dict[str, Any] = {"ready": ready, "backend": self.settings.backend_url,
                                 "policy": d.policy.name, "models": d.models}
         if not ready:
-            body["reason"] = "shutting down" if d.draining else d.not_ready_reason
+            body["reason"] = "shutting down" if d.draining else d.health.reason
         if self.watcher.last_error:
             body["config_error"] = self.watcher.last_error
         return web.json_response(body, status=200 if ready else 503)
@@ -275,8 +273,8 @@ class SidecarServer:
                            f"{', '.join(models)})", param="model", code="model_not_found")
         return parsed.model
 
-    async def _prepare_job(self, request: web.Request,
-                           endpoint: Endpoint) -> tuple[Job, ParsedRequest]:
+    async def _submit(self, request: web.Request,
+                      endpoint: Endpoint) -> tuple[Job, ParsedRequest]:
         arrival = time.monotonic()
         tenant = self._tenant(request)
         raw = await self._read_json(request)
@@ -285,7 +283,7 @@ class SidecarServer:
         if not d.ready:
             d.metrics.rejections.labels("backend_down").inc()
             raise backend_down(d.retry_after_s(),
-                               f"the model backend is unavailable: {d.not_ready_reason}")
+                               f"the model backend is unavailable: {d.health.reason}")
         model = self._model(parsed)
         max_len: int | None = None
         if parsed.prompt_ids is not None:
@@ -322,26 +320,14 @@ class SidecarServer:
             )
         except SLOError as err:
             raise bad_request(err.field, str(err)) from err
-        program = None
-        if parsed.program is not None:
-            assert isinstance(parsed.slo, CompoundSLO)
-            program = d.live_program(parsed.program, tenant, parsed.slo, parsed.slo_class,
-                                     len(prompt_ids), max_tokens, arrival)
-        live = LiveRequest(req, program=program)
-        live.bound = await d.initial_bound(req)
-        job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
-                  sampling=parsed.sampling, min_tokens=parsed.min_tokens)
+        job = await d.submit(req, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                             sampling=parsed.sampling, min_tokens=parsed.min_tokens,
+                             program=parsed.program)
         return job, parsed
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        job, parsed = await self._prepare_job(request, endpoint)
+        job, parsed = await self._submit(request, endpoint)
         d = self.dispatcher
-        try:
-            d.submit(job)
-        except APIError:
-            if job.live.program is not None:
-                job.live.program.open_members -= 1
-            raise
         try:
             first = await job.events.get()
             if first.kind is EventKind.ERROR:
