@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[dev,analyzer,sidecar,operator]'
+.venv/bin/pip install -q -e '.[dev,bench,analyzer,sidecar,operator]'
 # Components add their own setup here (each script is idempotent and caches its work).
 for setup in scripts/setup-*.sh; do
   [ -e "$setup" ] || continue

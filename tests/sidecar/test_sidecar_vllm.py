@@ -405,7 +405,9 @@ def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
 def test_metrics_expose_the_contract_families(sidecar: Factory) -> None:
     s = sidecar()
     for slo in (
-        {"kind": "latency", "ttft_ms": 3000, "tbt_ms": 500},
+        # generous targets: this test is about the families, not about speed (a busy machine
+        # must not fail it)
+        {"kind": "latency", "ttft_ms": 60000, "tbt_ms": 5000},
         {"kind": "deadline", "deadline_s": 60},
     ):
         result = stream(s.url, body(16, slo), headers={"x-tenant": "team-m"})

@@ -30,9 +30,9 @@ import grpc
 import grpc.aio
 from prometheus_client import Counter
 
-from jitserve.analyzer.graphs import NO_TOOL
 from jitserve.analyzer.proto import analyzer_pb2 as pb
 from jitserve.analyzer.proto import analyzer_pb2_grpc as pb_grpc
+from jitserve.analyzer.wire import NO_TOOL
 from jitserve.requests import Program, Request, Stage
 from jitserve.scheduling.estimators import (
     LengthEstimator,

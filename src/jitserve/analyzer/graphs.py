@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from jitserve.analyzer.wire import NO_TOOL
 from jitserve.requests import Program
 
 MAX_STAGES = 16
-NO_TOOL = "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from jitserve.analyzer import state
 from jitserve.analyzer.corpus import LengthRecord
 from jitserve.analyzer.features import OTHER_APP, SLO_KINDS
-from jitserve.analyzer.graphs import NO_TOOL, StageSummary
+from jitserve.analyzer.graphs import StageSummary
 from jitserve.analyzer.matcher import MatchResult, PatternHistory
 from jitserve.analyzer.proto import analyzer_pb2 as pb
 from jitserve.analyzer.qrf import (
@@ -55,6 +55,7 @@ from jitserve.analyzer.qrf import (
     pretrained_model,
     train_model,
 )
+from jitserve.analyzer.wire import NO_TOOL
 
 log = logging.getLogger("jitserve.analyzer")
 

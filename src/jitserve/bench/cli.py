@@ -283,8 +283,11 @@ def main(args: argparse.Namespace) -> int:
     )
     (out / "report.md").write_text(report.markdown(summary) + "\n")
     print(report.table(summary))
-    for path in report.plots(summary, out):
-        print(f"wrote {path}")
+    try:
+        for path in report.plots(summary, out):
+            print(f"wrote {path}")
+    except ImportError as err:
+        print(f"plots skipped: {err.name} is not installed (pip install 'jitserve[bench]')")
     print(f"wrote {out / 'results.json'}")
     return 0
 

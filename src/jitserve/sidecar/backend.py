@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -52,6 +52,22 @@ def _error_message(status: int, body: bytes) -> tuple[str, str | None]:
     except ValueError:
         pass
     return f"backend answered HTTP {status}: {body[:500].decode(errors='replace')}", None
+
+
+class Backend(Protocol):
+    """What the dispatcher needs of vLLM (:class:`VLLMBackend` is the real one)."""
+
+    base_url: str
+
+    def stream(self, model: str, prompt_ids: list[int], max_tokens: int,
+               sampling: dict[str, Any], priority: int, request_id: str,
+               ) -> AsyncIterator[Chunk]: ...
+
+    async def health(self) -> bool: ...
+
+    async def models(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
 
 
 class VLLMBackend:

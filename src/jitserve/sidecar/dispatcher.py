@@ -33,57 +33,31 @@ import logging
 import math
 import statistics
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from jitserve.goodput import Outcome
 from jitserve.policy import SLOPolicySpec
-from jitserve.requests import LiveRequest, LLMCall, Phase, Request
-from jitserve.scheduling.base import Policy, RetireReason
+from jitserve.requests import LiveRequest, LLMCall, Request
+from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import QuantileEstimator
 from jitserve.serving.lifecycle import Lifecycle, Retired
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.api import ProgramRef
-from jitserve.sidecar.backend import BackendError, BackendUnavailable, Chunk
+from jitserve.sidecar.backend import Backend, BackendError, BackendUnavailable
+from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
 from jitserve.sidecar.errors import APIError, backend_down, queue_full
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
-from jitserve.sidecar.programs import ProgramBook, StageShares
+from jitserve.sidecar.programs import ProgramBook
+from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.slo import CompoundSLO
 
 log = logging.getLogger("jitserve.sidecar")
 
 PolicyFactory = Callable[[SLOPolicySpec], Policy]
-
-
-class Backend(Protocol):
-    """What the dispatcher needs of vLLM (:class:`jitserve.sidecar.backend.VLLMBackend`)."""
-
-    base_url: str
-
-    def stream(self, model: str, prompt_ids: list[int], max_tokens: int,
-               sampling: dict[str, Any], priority: int, request_id: str,
-               ) -> AsyncIterator[Chunk]: ...
-
-    async def health(self) -> bool: ...
-
-    async def models(self) -> dict[str, Any]: ...
-
-    async def close(self) -> None: ...
-
-
-class Analyzer(StageShares, Protocol):
-    """What the sidecar needs of the analyzer's client
-    (:class:`jitserve.analyzer.client.AsyncAnalyzerClient`)."""
-
-    async def bounds(self, reqs: Sequence[Request], generated: Sequence[int] | None = None,
-                     ) -> list[int]: ...
-
-    async def observe(self, req: Request, output_tokens: int) -> None: ...
 
 
 def default_policy_factory(spec: SLOPolicySpec) -> Policy:
@@ -117,8 +91,7 @@ class Dispatcher:
         self.engine_queue = max(max_running // 2, 2) if engine_queue is None else engine_queue
         self.clock = clock
         self._factory = policy_factory
-        self.analyzer = analyzer
-        self.programs = ProgramBook(analyzer)
+        self.programs = ProgramBook()
         # seeded with CPU-ish guesses; measured from the first tokens on
         self.speed = SpeedMeter(decode_step_s=0.02, prefill_s_per_token=1e-3, token_s=1e-3)
         self.lifecycle = Lifecycle(
@@ -129,23 +102,30 @@ class Dispatcher:
             stage_share=self.programs,
             refine_every=spec.scheduler.refine_every,
         )
-        if analyzer is not None:
-            self.lifecycle.remote_refine = self._refine_remote
+        self.bounds = AnalyzerBounds(self.lifecycle, metrics)
+        self.analyzer = analyzer
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
         self.min_frame_s = min_frame_s
         self.max_frame_s = max_frame_s
         self.jobs: dict[LiveRequest, Job] = {}
         self.service_s = 2.0
-        self.dispatch_log: deque[dict[str, Any]] = deque(maxlen=2000)
-        self.frame_log: deque[dict[str, Any]] = deque(maxlen=200)
-        self.dispatch_gap = DispatchGap()
-        self._refining: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self.report = Reporter(metrics)
         self._ids = itertools.count()
         self._dispatch_seq = itertools.count()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.draining = False
+
+    @property
+    def analyzer(self) -> Analyzer | None:
+        return self.bounds.client
+
+    @analyzer.setter
+    def analyzer(self, client: Analyzer | None) -> None:
+        """Length bounds, refinement, stage shares and program history from the analyzer
+        (None: the local estimators)."""
+        self.bounds.connect(client)
+        self.programs.analyzer = client
 
     @property
     def policy(self) -> Policy:
@@ -201,35 +181,12 @@ class Dispatcher:
         return int(min(max(math.ceil(backlog), 1), 60))
 
     def snapshot(self) -> dict[str, Any]:
-        running = list(self.lifecycle.running)
-        spent = sorted(f["policy_s"] for f in self.frame_log)
-        return {
-            "policy": self.policy.name,
-            "describe": self.policy.describe(),
-            "fairness_weight": self.spec.fairness.weight,
-            "ready": self.ready,
-            "not_ready_reason": None if self.ready else self.health.reason,
-            "waiting": self.policy.waiting(),
-            "running": len(running),
-            "max_running": self.max_running,
-            "engine_queue": self.engine_queue,
-            "decode_step_s": self.speed.decode_step_s,
-            "prefill_s_per_token": self.speed.prefill_s_per_token,
-            "frame_s": self.frame_s(),
-            "frames": self.lifecycle.stats.frames,
-            "policy_ms_p99": spent[int(0.99 * (len(spent) - 1))] * 1e3 if spent else None,
-            "dispatch_gap_ms": self.dispatch_gap.summary(),
-            "attainment": {k: (None if math.isnan(v) else v)
-                           for k, v in self.lifecycle.ledger.attainment().items()},
-            "running_requests": [{"request_id": r.req.request_id, "generated": r.generated,
-                                  "preemptions": r.preemptions} for r in running],
-            "dispatches": list(self.dispatch_log),
-            "recent_frames": list(self.frame_log)[-20:],
-        }
+        return self.report.snapshot(self.lifecycle, self.spec, self.health, self.speed, {
+            "max_running": self.max_running, "engine_queue": self.engine_queue,
+            "frame_s": self.frame_s()})
 
     def _gauges(self) -> None:
-        self.metrics.queue_depth.set(self.policy.waiting())
-        self.metrics.running.set(len(self.lifecycle.running))
+        self.report.gauges(self.policy.waiting(), len(self.lifecycle.running))
 
     # ---- hot reload ---------------------------------------------------------------------
     def apply_spec(self, spec: SLOPolicySpec) -> None:
@@ -244,14 +201,8 @@ class Dispatcher:
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile
         self.lifecycle.refine_every = spec.scheduler.refine_every
-        self._publish_describe()
+        self.report.describe(self.policy, spec.fairness.weight)
         self._wake.set()
-
-    def _publish_describe(self) -> None:
-        cutoff = self.policy.describe().get("cutoff")
-        if cutoff is not None:
-            self.metrics.effective_cutoff.set(cutoff)
-        self.metrics.fairness_weight.set(self.spec.fairness.weight)
 
     # ---- arrivals -----------------------------------------------------------------------
     def check_admission(self) -> None:
@@ -273,7 +224,7 @@ class Dispatcher:
                      program: ProgramRef | None = None) -> Job:
         """Queue a request; raises APIError (429 queue full, 503 backend down)."""
         self.check_admission()
-        bound = await self._initial_bound(req)
+        bound = await self.bounds.initial(req)
         lp = None
         if program is not None:
             assert isinstance(req.slo, CompoundSLO)
@@ -287,35 +238,6 @@ class Dispatcher:
         self._gauges()
         self._wake.set()
         return job
-
-    async def _initial_bound(self, req: Request) -> int | None:
-        """The analyzer's length bound (it answers from its own fallback when slow or
-        down); None: the lifecycle's local estimator."""
-        if self.analyzer is not None:
-            try:
-                return max(1, (await self.analyzer.bounds([req]))[0])
-            except Exception as err:  # the client should not raise; never fail a request
-                log.warning("analyzer bound failed: %s", err)
-        self.metrics.analyzer_fallbacks.inc()
-        return None
-
-    def _refine_remote(self, due: list[LiveRequest]) -> None:
-        if self._refining is None or self._refining.done():
-            self._refining = asyncio.create_task(self._refine_with_analyzer(due))
-
-    async def _refine_with_analyzer(self, due: list[LiveRequest]) -> None:
-        assert self.analyzer is not None
-        generated = [r.generated for r in due]
-        try:
-            bounds: list[int | None] = list(
-                await self.analyzer.bounds([r.req for r in due], generated))
-        except Exception as err:
-            log.warning("analyzer refine failed: %s", err)
-            self.metrics.analyzer_fallbacks.inc(len(due))
-            bounds = [None] * len(due)
-        for r, g, bound in zip(due, generated, bounds, strict=True):
-            if r.phase in (Phase.WAITING, Phase.RUNNING):
-                self.lifecycle.refine(r, bound, at=g)
 
     # ---- dispatch -----------------------------------------------------------------------
     def _admit(self, now: float) -> None:
@@ -337,9 +259,7 @@ class Dispatcher:
         if job.min_tokens:
             sampling["min_tokens"] = max(0, job.min_tokens - done)
         job.vllm_priority = next(self._dispatch_seq)
-        self.dispatch_gap.dispatched(now)
-        self.dispatch_log.append({"request_id": job.request_id, "segment": job.segment,
-                                  "generated": done, "t": now, "vllm_priority": job.vllm_priority})
+        self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
         job.task = asyncio.create_task(
             self._run_stream(job, job.segment, job.prompt_ids + job.generated_ids,
                              job.max_tokens - done, sampling, job.vllm_priority),
@@ -407,13 +327,13 @@ class Dispatcher:
         live = job.live
         if live.program is not None:
             self.programs.call_done(live.program, live.req.prompt_tokens, live.generated)
-        self._observe(live.req, live.generated)
+        self.bounds.observe(live.req, live.generated)
         outcome = self.lifecycle.finish(live, now)
-        self.dispatch_gap.freed(now, len(self.lifecycle.running) - self.max_running,
+        self.report.dispatch_gap.freed(now, len(self.lifecycle.running) - self.max_running,
                                 self.policy.waiting())
-        self._close(job, "finished" if outcome is None else _label(outcome))
+        self._close(job, "finished" if outcome is None else label(outcome))
         if outcome is not None:
-            self._count(outcome, _label(outcome))
+            self.report.outcome(outcome, label(outcome))
         if live.started_s is not None:
             self.service_s += 0.1 * (now - live.started_s - self.service_s)
         job.finish_reason = finish_reason
@@ -426,7 +346,7 @@ class Dispatcher:
         outcome = self.lifecycle.fail(job.live, self.clock())
         self._close(job, "error")
         if outcome is not None:
-            self._count(outcome, "error")
+            self.report.outcome(outcome, "error")
         job.events.put_nowait(Event(EventKind.ERROR, error=error))
 
     def cancel(self, job: Job) -> None:
@@ -435,27 +355,16 @@ class Dispatcher:
             return
         self.lifecycle.cancel(job.live, self.clock())
         self._close(job, "cancelled")
-        req = job.live.req
-        self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class,
-                                     "cancelled").inc()
+        self.report.cancelled(job.live.req)
 
-    def _retired(self, gone: Retired, now: float) -> None:
-        self.metrics.retirements.labels(gone.reason.value).inc()
-        if gone.outcome is not None:
-            self._count(gone.outcome, "retired")
+    def _retired(self, gone: Retired) -> None:
+        self.report.retired(gone)
         job = self.jobs.get(gone.request)
         if job is None or job.done:
             return
         self._close(job, "retired")
-        if gone.reason is RetireReason.MAX_WAITING:
-            limit = self.spec.admission.max_waiting_seconds
-            error = queue_full(self.retry_after_s(),
-                               f"waiting time exceeded: not scheduled within {limit:g} s")
-            error.code = "waiting_time_exceeded"
-        else:
-            error = APIError(503, "the SLO of this request can no longer be met under the current "
-                             "load (retired by overload control)", type_="service_unavailable",
-                             code="slo_unreachable", retry_after_s=self.retry_after_s())
+        error = retirement_error(gone.reason, self.retry_after_s(),
+                                 self.spec.admission.max_waiting_seconds)
         job.events.put_nowait(Event(EventKind.ERROR, error=error))
 
     def _close(self, job: Job, outcome: str) -> None:
@@ -464,20 +373,6 @@ class Dispatcher:
         self.jobs.pop(job.live, None)
         self._gauges()
         self._wake.set()
-
-    def _count(self, outcome: Outcome, label: str) -> None:
-        labels = (outcome.tenant, outcome.kind.value, outcome.slo_class)
-        self.metrics.requests.labels(*labels, label).inc()
-        if outcome.goodput_tokens:
-            self.metrics.goodput_tokens.labels(*labels).inc(outcome.goodput_tokens)
-        if label in ("met", "missed") and outcome.e2el_s is not None:
-            self.metrics.e2el.labels(outcome.kind.value).observe(outcome.e2el_s)
-
-    def _observe(self, req: Request, output_tokens: int) -> None:
-        if self.analyzer is not None:
-            task = asyncio.create_task(self.analyzer.observe(req, output_tokens))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     # ---- the lifecycle's executor -------------------------------------------------------
     def sync(self, now_s: float) -> None:
@@ -514,23 +409,12 @@ class Dispatcher:
         self._measure_step()
         result = self.lifecycle.frame(now, self.max_running)
         for gone in result.retired:
-            self._retired(gone, now)
-        self.metrics.preemptions.inc(len(result.preempted))
+            self._retired(gone)
         for outcome in self.programs.expire(self.lifecycle, now):
-            self._count(outcome, _label(outcome))
-        self.metrics.frames.inc()
-        self.metrics.frame_seconds.observe(result.policy_s)
-        self._publish_describe()
-        self.frame_log.append({
-            "t": now, "policy_s": result.policy_s, "describe": self.policy.describe(),
-            "fairness_weight": self.spec.fairness.weight, "waiting": self.policy.waiting(),
-            "running": len(self.lifecycle.running),
-            "preempted": [r.req.request_id for r in result.preempted],
-            "retired": [g.request.req.request_id for g in result.retired],
-            "priorities": {r.req.request_id: self.policy.priority_of(r) for r in
-                           itertools.islice(itertools.chain(self.lifecycle.running,
-                                                            self.lifecycle.waiting), 50)},
-        })
+            self.report.outcome(outcome, label(outcome))
+        self.report.frame(now, result, self.policy, self.spec.fairness.weight,
+                          itertools.chain(self.lifecycle.running, self.lifecycle.waiting),
+                          len(self.lifecycle.running))
 
     def step(self, now: float, frame_due: bool) -> None:
         """One turn of the loop: a frame if due, then dispatch to the free depth."""
@@ -560,35 +444,3 @@ class Dispatcher:
         self.metrics.backend_up.set(1 if ready else 0)
         if ready:
             self._wake.set()
-
-
-def _label(outcome: Outcome) -> str:
-    return "met" if outcome.met else "missed"
-
-
-class DispatchGap:
-    """How long a vLLM batch slot freed by a finished request waits for its next request
-    while the sidecar holds work: 0 when a request was already queued inside vLLM (vLLM
-    refills the slot in its own next step), else the time until the sidecar dispatches
-    one. p50/p99 in ms over the last 4,096 freed slots."""
-
-    def __init__(self) -> None:
-        self._freed: deque[float] = deque(maxlen=4096)
-        self._gaps: deque[float] = deque(maxlen=4096)
-
-    def freed(self, now: float, queued_in_engine: int, waiting: int) -> None:
-        if queued_in_engine > 0:
-            self._gaps.append(0.0)
-        elif waiting > 0:
-            self._freed.append(now)
-
-    def dispatched(self, now: float) -> None:
-        if self._freed:
-            self._gaps.append(now - self._freed.popleft())
-
-    def summary(self) -> dict[str, float] | None:
-        if not self._gaps:
-            return None
-        gaps = sorted(self._gaps)
-        return {"p50": gaps[len(gaps) // 2] * 1e3, "p99": gaps[int(0.99 * (len(gaps) - 1))] * 1e3,
-                "count": float(len(gaps))}

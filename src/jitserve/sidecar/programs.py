@@ -54,7 +54,7 @@ class ProgramBook(StageShareEstimator):
     name = "sidecar-programs"
 
     def __init__(self, analyzer: StageShares | None = None) -> None:
-        self.analyzer = analyzer
+        self.analyzer: StageShares | None = analyzer
         self.local = DeclaredStageShare()
         self.programs: dict[tuple[str, str], LiveProgram] = {}
         self._calls: dict[Program, list[list[LLMCall]]] = {}

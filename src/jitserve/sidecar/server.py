@@ -37,9 +37,9 @@ from jitserve.requests import Request
 from jitserve.scheduling.base import Policy
 from jitserve.sidecar.api import Endpoint, ParsedRequest, parse_request
 from jitserve.sidecar.backend import BackendError, BackendUnavailable, VLLMBackend
+from jitserve.sidecar.bounds import Analyzer
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
 from jitserve.sidecar.dispatcher import (
-    Analyzer,
     Dispatcher,
     PolicyFactory,
     default_policy_factory,
@@ -95,7 +95,8 @@ class SidecarServer:
         self.backend = VLLMBackend(settings.backend_url)
         self.dispatcher = Dispatcher(
             self.backend, self.watcher.spec, self.metrics, max_running=settings.max_running,
-            engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer, min_frame_s=settings.min_frame_s,
+            engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer,
+            min_frame_s=settings.min_frame_s,
             max_frame_s=settings.max_frame_s, health_interval_s=settings.health_interval_s)
         self.dispatcher.apply_spec(self.watcher.spec)
         self.app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors])

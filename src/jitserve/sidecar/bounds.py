@@ -1,0 +1,82 @@
+"""Length bounds for the sidecar's requests (owner: sidecar).
+
+With an analyzer configured, the first bound of a request, its refinements (one batched
+call at a time, applied when it answers) and the finished lengths go to the analyzer's
+QRF over gRPC; its client answers from a local fallback when the analyzer is slow or
+down. Without one (or when a call fails), the lifecycle's local quantile estimator
+answers. Either way the *expected* length comes from the local estimator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
+
+from jitserve.requests import LiveRequest, Phase, Request
+from jitserve.serving.lifecycle import Lifecycle
+from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.sidecar.programs import StageShares
+
+log = logging.getLogger("jitserve.sidecar")
+
+
+class Analyzer(StageShares, Protocol):
+    """What the sidecar needs of the analyzer's client
+    (:class:`jitserve.analyzer.client.AsyncAnalyzerClient`)."""
+
+    async def bounds(self, reqs: Sequence[Request], generated: Sequence[int] | None = None,
+                     ) -> list[int]: ...
+
+    async def observe(self, req: Request, output_tokens: int) -> None: ...
+
+
+class AnalyzerBounds:
+    def __init__(self, lifecycle: Lifecycle, metrics: SidecarMetrics) -> None:
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.client: Analyzer | None = None
+        self._refining: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    def connect(self, client: Analyzer | None) -> None:
+        self.client = client
+        self.lifecycle.remote_refine = None if client is None else self._refine
+
+    async def initial(self, req: Request) -> int | None:
+        """The analyzer's bound for a new request; None: the local estimator's."""
+        if self.client is not None:
+            try:
+                return max(1, (await self.client.bounds([req]))[0])
+            except Exception as err:  # the client should not raise; never fail a request
+                log.warning("analyzer bound failed: %s", err)
+        self.metrics.analyzer_fallbacks.inc()
+        return None
+
+    def observe(self, req: Request, output_tokens: int) -> None:
+        if self.client is not None:
+            self._spawn(self.client.observe(req, output_tokens))
+
+    def _refine(self, due: list[LiveRequest]) -> None:
+        if self._refining is None or self._refining.done():
+            self._refining = asyncio.get_running_loop().create_task(self._refine_remote(due))
+
+    async def _refine_remote(self, due: list[LiveRequest]) -> None:
+        assert self.client is not None
+        generated = [r.generated for r in due]
+        try:
+            bounds: list[int | None] = list(
+                await self.client.bounds([r.req for r in due], generated))
+        except Exception as err:
+            log.warning("analyzer refine failed: %s", err)
+            self.metrics.analyzer_fallbacks.inc(len(due))
+            bounds = [None] * len(due)
+        for r, g, bound in zip(due, generated, bounds, strict=True):
+            if r.phase in (Phase.WAITING, Phase.RUNNING):
+                self.lifecycle.refine(r, bound, at=g)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,156 @@
+"""What the sidecar reports about its scheduling (owner: sidecar).
+
+Outcomes and frames as Prometheus metrics, the debug logs behind ``/debug/scheduler``
+(recent dispatches and frames), the dispatch gap, and the error a client gets when
+overload control retires its request. The dispatcher decides; this module only tells.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from jitserve.goodput import Outcome
+from jitserve.policy import SLOPolicySpec
+from jitserve.requests import LiveRequest, Request
+from jitserve.scheduling.base import Policy, RetireReason
+from jitserve.serving.lifecycle import FrameResult, Lifecycle, Retired
+from jitserve.serving.speed import SpeedMeter
+from jitserve.sidecar.errors import APIError, queue_full
+from jitserve.sidecar.health import BackendHealth
+from jitserve.sidecar.metrics import SidecarMetrics
+
+
+def label(outcome: Outcome) -> str:
+    return "met" if outcome.met else "missed"
+
+
+def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: float) -> APIError:
+    """429 (retry later) for a request never started in time; 503 for one whose SLO can
+    no longer be met."""
+    if reason is RetireReason.MAX_WAITING:
+        error = queue_full(retry_after_s,
+                           f"waiting time exceeded: not scheduled within {max_waiting_s:g} s")
+        error.code = "waiting_time_exceeded"
+        return error
+    return APIError(503, "the SLO of this request can no longer be met under the current load "
+                    "(retired by overload control)", type_="service_unavailable",
+                    code="slo_unreachable", retry_after_s=retry_after_s)
+
+
+class Reporter:
+    def __init__(self, metrics: SidecarMetrics) -> None:
+        self.metrics = metrics
+        self.dispatch_log: deque[dict[str, Any]] = deque(maxlen=2000)
+        self.frame_log: deque[dict[str, Any]] = deque(maxlen=200)
+        self.dispatch_gap = DispatchGap()
+
+    def outcome(self, outcome: Outcome, status: str) -> None:
+        labels = (outcome.tenant, outcome.kind.value, outcome.slo_class)
+        self.metrics.requests.labels(*labels, status).inc()
+        if outcome.goodput_tokens:
+            self.metrics.goodput_tokens.labels(*labels).inc(outcome.goodput_tokens)
+        if status in ("met", "missed") and outcome.e2el_s is not None:
+            self.metrics.e2el.labels(outcome.kind.value).observe(outcome.e2el_s)
+
+    def cancelled(self, req: Request) -> None:
+        self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class,
+                                     "cancelled").inc()
+
+    def retired(self, gone: Retired) -> None:
+        self.metrics.retirements.labels(gone.reason.value).inc()
+        if gone.outcome is not None:
+            self.outcome(gone.outcome, "retired")
+
+    def dispatched(self, request_id: str, segment: int, generated: int, now: float,
+                   vllm_priority: int) -> None:
+        self.dispatch_gap.dispatched(now)
+        self.dispatch_log.append({"request_id": request_id, "segment": segment,
+                                  "generated": generated, "t": now,
+                                  "vllm_priority": vllm_priority})
+
+    def frame(self, now: float, result: FrameResult, policy: Policy, fairness_weight: float,
+              live: Iterable[LiveRequest], running: int) -> None:
+        self.metrics.preemptions.inc(len(result.preempted))
+        self.metrics.frames.inc()
+        self.metrics.frame_seconds.observe(result.policy_s)
+        self.describe(policy, fairness_weight)
+        shown = [r for _, r in zip(range(50), live, strict=False)]
+        self.frame_log.append({
+            "t": now, "policy_s": result.policy_s, "describe": policy.describe(),
+            "fairness_weight": fairness_weight, "waiting": policy.waiting(), "running": running,
+            "preempted": [r.req.request_id for r in result.preempted],
+            "retired": [g.request.req.request_id for g in result.retired],
+            "priorities": {r.req.request_id: policy.priority_of(r) for r in shown},
+        })
+
+    def describe(self, policy: Policy, fairness_weight: float) -> None:
+        cutoff = policy.describe().get("cutoff")
+        if cutoff is not None:
+            self.metrics.effective_cutoff.set(cutoff)
+        self.metrics.fairness_weight.set(fairness_weight)
+
+    def gauges(self, waiting: int, running: int) -> None:
+        self.metrics.queue_depth.set(waiting)
+        self.metrics.running.set(running)
+
+    def snapshot(self, lifecycle: Lifecycle, spec: SLOPolicySpec, health: BackendHealth,
+                 speed: SpeedMeter, sizes: dict[str, Any]) -> dict[str, Any]:
+        """The ``/debug/scheduler`` document."""
+        policy = lifecycle.policy
+        running = list(lifecycle.running)
+        return {
+            "policy": policy.name,
+            "describe": policy.describe(),
+            "fairness_weight": spec.fairness.weight,
+            "ready": health.ready,
+            "not_ready_reason": None if health.ready else health.reason,
+            "waiting": policy.waiting(),
+            "running": len(running),
+            **sizes,
+            "decode_step_s": speed.decode_step_s,
+            "prefill_s_per_token": speed.prefill_s_per_token,
+            "frames": lifecycle.stats.frames,
+            "policy_ms_p99": self.policy_ms_p99(),
+            "dispatch_gap_ms": self.dispatch_gap.summary(),
+            "attainment": {k: (None if math.isnan(v) else v)
+                           for k, v in lifecycle.ledger.attainment().items()},
+            "running_requests": [{"request_id": r.req.request_id, "generated": r.generated,
+                                  "preemptions": r.preemptions} for r in running],
+            "dispatches": list(self.dispatch_log),
+            "recent_frames": list(self.frame_log)[-20:],
+        }
+
+    def policy_ms_p99(self) -> float | None:
+        spent = sorted(f["policy_s"] for f in self.frame_log)
+        return spent[int(0.99 * (len(spent) - 1))] * 1e3 if spent else None
+
+
+class DispatchGap:
+    """How long a vLLM batch slot freed by a finished request waits for its next request
+    while the sidecar holds work: 0 when a request was already queued inside vLLM (vLLM
+    refills the slot in its own next step), else the time until the sidecar dispatches
+    one. p50/p99 in ms over the last 4,096 freed slots."""
+
+    def __init__(self) -> None:
+        self._freed: deque[float] = deque(maxlen=4096)
+        self._gaps: deque[float] = deque(maxlen=4096)
+
+    def freed(self, now: float, queued_in_engine: int, waiting: int) -> None:
+        if queued_in_engine > 0:
+            self._gaps.append(0.0)
+        elif waiting > 0:
+            self._freed.append(now)
+
+    def dispatched(self, now: float) -> None:
+        if self._freed:
+            self._gaps.append(now - self._freed.popleft())
+
+    def summary(self) -> dict[str, float] | None:
+        if not self._gaps:
+            return None
+        gaps = sorted(self._gaps)
+        return {"p50": gaps[len(gaps) // 2] * 1e3, "p99": gaps[int(0.99 * (len(gaps) - 1))] * 1e3,
+                "count": float(len(gaps))}

@@ -1,0 +1,350 @@
+"""The sidecar's dispatcher in-process (no server process): a fake clock and a FAKE
+backend (scripted token streams: what this test controls, a real vLLM cannot be made to
+emit on a script), against the same lifecycle the simulator drives.
+
+The parity test replays one arrival / token / finish script twice: through
+:class:`~jitserve.serving.lifecycle.Lifecycle` called the way the simulator's engine
+calls it, and through the :class:`~jitserve.sidecar.dispatcher.Dispatcher` streaming from
+the fake backend; dispatch order, preemptions, retirements and outcomes must be equal.
+Speed is frozen in both (each engine measures speed its own way; the policy's inputs must
+be the same for its decisions to be comparable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jitserve.goodput import GoodputLedger, Outcome
+from jitserve.policy import SLOPolicySpec, load_policy
+from jitserve.requests import LiveRequest, Request
+from jitserve.scheduling.estimators import QuantileEstimator
+from jitserve.scheduling.registry import make_policy
+from jitserve.serving.lifecycle import Lifecycle
+from jitserve.serving.speed import SpeedMeter
+from jitserve.sidecar.api import ProgramRef
+from jitserve.sidecar.backend import Chunk
+from jitserve.sidecar.dispatcher import Dispatcher
+from jitserve.sidecar.jobs import EventKind, Job
+from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
+
+TICK = 0.05
+FRAME_EVERY = 4  # ticks
+
+
+class FrozenSpeed(SpeedMeter):
+    """Speed figures that observations do not move (see the module docstring)."""
+
+    def decode_stretch(self, seconds: float, steps: int, decoders: int) -> None:
+        pass
+
+    def prefill_iteration(self, seconds: float, prefill_tokens: int, decoders: int) -> None:
+        pass
+
+
+def frozen() -> FrozenSpeed:
+    return FrozenSpeed(decode_step_s=0.02, prefill_s_per_token=2e-3, token_s=2e-3)
+
+
+class RecordingLedger(GoodputLedger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcomes: list[Outcome] = []
+
+    def record(self, o: Outcome) -> None:
+        super().record(o)
+        self.outcomes.append(o)
+
+
+@dataclass
+class Trace:
+    dispatched: list[str] = field(default_factory=list)
+    preempted: list[tuple[int, str]] = field(default_factory=list)
+    retired: list[tuple[int, str, str]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    tick: int
+    rid: str
+    slo: SLO
+    prompt: int
+    output: int
+
+
+def workload() -> list[Arrival]:
+    return [
+        Arrival(0, "a-long", DeadlineSLO(20.0), 30, 40),
+        Arrival(1, "b-chat", LatencySLO(1.0, 0.2), 10, 12),
+        Arrival(2, "c-urgent", DeadlineSLO(1.5), 12, 8),
+        Arrival(3, "d-doomed", DeadlineSLO(0.05), 4000, 5),
+        Arrival(5, "e-late", DeadlineSLO(30.0), 50, 20),
+        Arrival(6, "f-chat", LatencySLO(0.5, 0.05), 20, 10),
+        Arrival(9, "g-deadline", DeadlineSLO(4.0), 8, 15),
+    ]
+
+
+def request(a: Arrival) -> Request:
+    return Request(a.rid, "t1", a.slo, a.prompt, a.tick * TICK, max_tokens=a.output)
+
+
+class NullExecutor:
+    def sync(self, now_s: float) -> None:
+        pass
+
+    def stop(self, r: LiveRequest) -> None:
+        pass
+
+
+def drive_like_the_simulator(spec: SLOPolicySpec, batch: int, ticks: int) -> Trace:
+    """The lifecycle called in the simulator engine's order each tick: arrivals, the
+    frame when due, admission up to the batch, then one token for each running request
+    (finishing those at their length)."""
+    trace = Trace()
+    ledger = RecordingLedger()
+    lc = Lifecycle(make_policy(spec), QuantileEstimator(0.95), NullExecutor(), frozen(),
+                   ledger=ledger)
+    arrivals = workload()
+    for k in range(ticks):
+        now = k * TICK
+        for a in arrivals:
+            if a.tick == k:
+                lc.arrive(request(a), now)
+        if k % FRAME_EVERY == 0:
+            result = lc.frame(now, batch)
+            trace.preempted += [(k, r.req.request_id) for r in result.preempted]
+            trace.retired += [(k, g.request.req.request_id, g.reason.value) for g in result.retired]
+        while len(lc.running) < batch:
+            r = lc.start_next(now)
+            if r is None:
+                break
+            trace.dispatched.append(r.req.request_id)
+        for r in list(lc.running):
+            lc.delivered(r, np.array([now]), r.generated)
+            if r.generated >= (r.req.max_tokens or 0):
+                lc.finish(r, now)
+    trace.outcomes = ledger.outcomes
+    return trace
+
+
+class ScriptedBackend:
+    """FAKE vLLM: each dispatch is a stream the test feeds one token per tick."""
+
+    base_url = "fake://scripted"
+
+    def __init__(self) -> None:
+        self.streams: dict[str, asyncio.Queue[Chunk | None]] = {}
+        self.remaining: dict[str, int] = {}
+        self.order: list[str] = []
+
+    async def stream(self, model: str, prompt_ids: list[int], max_tokens: int,
+                     sampling: dict[str, Any], priority: int, request_id: str,
+                     ) -> AsyncIterator[Chunk]:
+        queue: asyncio.Queue[Chunk | None] = asyncio.Queue()
+        self.streams[request_id] = queue
+        self.remaining[request_id] = max_tokens
+        self.order.append(request_id)
+        try:
+            while True:
+                chunk = await queue.get()
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            self.streams.pop(request_id, None)
+
+    def tick(self) -> None:
+        for rid, queue in list(self.streams.items()):
+            self.remaining[rid] -= 1
+            done = self.remaining[rid] <= 0
+            queue.put_nowait(Chunk([7], "x", "length" if done else None))
+            if done:
+                queue.put_nowait(None)
+
+    async def health(self) -> bool:
+        return True
+
+    async def models(self) -> dict[str, Any]:
+        return {"data": [{"id": "fake"}]}
+
+    async def close(self) -> None:
+        pass
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_dispatcher(spec: SLOPolicySpec, batch: int, engine_queue: int = 0
+                    ) -> tuple[Dispatcher, ScriptedBackend, Clock]:
+    backend, clock = ScriptedBackend(), Clock()
+    d = Dispatcher(backend, spec, SidecarMetrics(), max_running=batch, engine_queue=engine_queue,
+                   clock=clock)
+    d.speed = d.lifecycle.speed = frozen()
+    d.lifecycle.ledger = RecordingLedger()
+    d.health.ready = True
+    return d, backend, clock
+
+
+async def submit(d: Dispatcher, req: Request, program: ProgramRef | None = None) -> Job:
+    return await d.submit(req, model="fake", prompt_ids=[1] * req.prompt_tokens,
+                          max_tokens=req.max_tokens or 1, program=program)
+
+
+async def drive_the_dispatcher(spec: SLOPolicySpec, batch: int, ticks: int) -> Trace:
+    d, backend, clock = make_dispatcher(spec, batch)
+    arrivals = workload()
+    for k in range(ticks):
+        clock.now = k * TICK
+        for a in arrivals:
+            if a.tick == k:
+                await submit(d, request(a))
+        d.step(clock.now, frame_due=k % FRAME_EVERY == 0)
+        await settle()
+        backend.tick()
+        await settle()
+    trace = Trace()
+    trace.dispatched = [entry["request_id"] for entry in d.report.dispatch_log]
+    for entry in d.report.frame_log:
+        k = round(entry["t"] / TICK)
+        trace.preempted += [(k, rid) for rid in entry["preempted"]]
+    retired = []
+    for entry in d.report.frame_log:
+        k = round(entry["t"] / TICK)
+        retired += [(k, rid) for rid in entry["retired"]]
+    reasons = {g[1]: g[2] for g in drive_like_the_simulator(spec, batch, ticks).retired}
+    trace.retired = [(k, rid, reasons.get(rid, "?")) for k, rid in retired]
+    assert isinstance(d.lifecycle.ledger, RecordingLedger)
+    trace.outcomes = d.lifecycle.ledger.outcomes
+    return trace
+
+
+@pytest.mark.parametrize("policy", ["gmax", "edf", "fcfs"])
+def test_simulator_and_sidecar_drive_the_lifecycle_alike(policy: str) -> None:
+    spec = load_policy({"scheduler": {"policy": policy, "frameSteps": 4}})
+    reference = drive_like_the_simulator(spec, batch=2, ticks=120)
+    sidecar = asyncio.run(drive_the_dispatcher(spec, batch=2, ticks=120))
+    assert sidecar.dispatched == reference.dispatched
+    assert sidecar.preempted == reference.preempted
+    assert sidecar.retired == reference.retired
+    assert sidecar.outcomes == reference.outcomes
+    # the script exercises what it claims to: every request ends, some wait their turn
+    assert len(reference.outcomes) == len(workload())
+    assert len(reference.dispatched) >= len(workload())
+    if policy == "gmax":
+        assert ("d-doomed", "unreachable") in {(r[1], r[2]) for r in reference.retired}
+    if policy == "edf":
+        assert reference.preempted, "EDF should preempt the long request for the urgent one"
+
+
+def test_engine_queue_keeps_vllm_fed_beyond_its_slots() -> None:
+    async def scenario() -> tuple[int, int, list[str]]:
+        d, backend, _ = make_dispatcher(SLOPolicySpec(), batch=2, engine_queue=3)
+        for i in range(8):
+            await submit(d, Request(f"r{i}", "t1", DeadlineSLO(60.0), 10, 0.0, max_tokens=4))
+        d.step(0.0, frame_due=True)
+        await settle()
+        return len(backend.streams), d.policy.waiting(), backend.order
+
+    in_engine, waiting, order = asyncio.run(scenario())
+    assert in_engine == 5  # B = 2 slots + 3 queued inside vLLM
+    assert waiting == 3
+    assert len(order) == 5
+
+
+def test_requests_without_slo_are_served_below_capacity() -> None:
+    async def scenario() -> list[str | None]:
+        spec = load_policy({"admission": {"maxWaitingSeconds": 0.2}})
+        d, backend, clock = make_dispatcher(spec, batch=2, engine_queue=2)
+        best_effort = spec.slo_defaults.slo_for(SLOKind.BEST_EFFORT)
+        jobs: list[Job] = []
+        for k in range(60):
+            clock.now = k * TICK
+            if k % 3 == 0 and len(jobs) < 12:
+                req = Request(f"b{k}", "t1", best_effort, 10, clock.now, max_tokens=3)
+                jobs.append(await submit(d, req))
+            d.step(clock.now, frame_due=k % FRAME_EVERY == 0)
+            await settle()
+            backend.tick()
+            await settle()
+        return [job.outcome for job in jobs]
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == ["met"] * 12
+
+
+def test_a_compound_program_has_one_outcome_at_its_final_stage() -> None:
+    async def scenario() -> tuple[list[Outcome], list[str | None]]:
+        d, backend, clock = make_dispatcher(SLOPolicySpec(), batch=4)
+        slo = CompoundSLO(30.0)
+        outcomes: list[str | None] = []
+        for stage in range(3):
+            ref = ProgramRef("prog-1", stage, (), 3, final=stage == 2)
+            calls = [await submit(d, Request(f"p{stage}-{i}", "t1", slo, 10, clock.now,
+                                             max_tokens=3, program_id="prog-1", stage=stage),
+                                  ref) for i in range(2)]
+            for _ in range(6):
+                d.step(clock.now, frame_due=False)
+                await settle()
+                backend.tick()
+                await settle()
+                clock.now += TICK
+            outcomes += [job.outcome for job in calls]
+        assert isinstance(d.lifecycle.ledger, RecordingLedger)
+        return d.lifecycle.ledger.outcomes, outcomes
+
+    recorded, per_call = asyncio.run(scenario())
+    assert len(recorded) == 1  # one outcome for the whole program, as the simulator scores it
+    program = recorded[0]
+    assert program.kind.value == "compound" and program.met
+    assert program.input_tokens == 60 and program.output_tokens == 18
+    assert program.goodput_tokens == 78
+    assert per_call[:4] == ["finished"] * 4
+    assert sorted(per_call[4:], key=str) == ["finished", "met"]
+
+
+def test_retired_request_gets_429_with_retry_after() -> None:
+    async def scenario() -> Job:
+        spec = load_policy({"admission": {"maxWaitingSeconds": 0.1}})
+        d, backend, clock = make_dispatcher(spec, batch=1)
+        blocker = await submit(d, Request("long", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                          max_tokens=200))
+        d.step(0.0, frame_due=True)
+        await settle()
+        # its latency timeline is lost before it could start: nothing left to earn
+        starved = await submit(d, Request("starved", "t1", LatencySLO(0.05, 0.01), 10, 0.0,
+                                          max_tokens=5))
+        for k in range(1, 20):
+            clock.now = k * TICK
+            d.step(clock.now, frame_due=True)
+            await settle()
+            backend.tick()
+            await settle()
+            if starved.done:
+                break
+        assert not blocker.done
+        return starved
+
+    starved = asyncio.run(scenario())
+    assert starved.outcome == "retired"
+    event = starved.events.get_nowait()
+    assert event.kind is EventKind.ERROR and event.error is not None
+    assert event.error.status == 429 and event.error.code == "waiting_time_exceeded"
+    assert event.error.retry_after_s is not None and event.error.retry_after_s >= 1
+
