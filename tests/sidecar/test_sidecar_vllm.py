@@ -526,7 +526,7 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
     # were still running); with f > 0 GMAX blends in the tenants' fair shares, so the
     # priorities it assigned changed scale from raw goodput/cost to the normalised blend
     planned = [p for f in after for p in f["priorities"].values()]
-    assert planned
+    assert planned, (after[:3], len(seen))
     assert sorted(planned)[len(planned) // 2] < max(before_priorities)
     text = get_text(s.url + "/metrics")
     assert metric(text, "jitserve_effective_cutoff") == 0.5

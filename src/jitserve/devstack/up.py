@@ -57,7 +57,12 @@ def register(subparsers: Any) -> None:
                    help="load --model's weights instead of dummy ones")
     p.add_argument("--config", type=Path, default=None,
                    help="SLOPolicy spec file (hot-reloaded); default: written with defaults")
-    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int, default=16,
+                   help="B: vLLM's batch slots (its --max-num-seqs) and the sidecar's batch size: "
+                   "one setting, so they cannot disagree")
+    p.add_argument("--engine-queue", type=int, default=None,
+                   help="requests the sidecar keeps queued inside vLLM beyond its B slots "
+                   "(default: B/2, at least 2)")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
     p.add_argument("--analyzer-port", type=int, default=50051)
     p.add_argument("--log-dir", type=Path, default=None)
@@ -148,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=max(args.max_running, 16)), vl.vllm_env())
+                max_num_seqs=args.max_num_seqs), vl.vllm_env())
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)
@@ -165,7 +170,9 @@ def main(args: argparse.Namespace) -> int:
                 stack.children = [c for c in stack.children if c[1] is not proc]
         cmd = [sys.executable, "-m", "jitserve.cli", "sidecar", "serve", "--backend", backend,
                "--host", args.host, "--port", str(args.port), "--config", str(config),
-               "--max-running", str(args.max_running)]
+               "--max-running", str(args.max_num_seqs)]
+        if args.engine_queue is not None:
+            cmd += ["--engine-queue", str(args.engine_queue)]
         if analyzer:
             cmd += ["--analyzer", analyzer]
         sidecar = stack.start("sidecar", cmd)
