@@ -74,6 +74,17 @@ class SLODefaults(_Model):
         description="Deadline given to requests without an SLO, so they never starve.",
     )
     classes: list[SLOClass] = Field(default_factory=list, max_length=64)
+    default_class: DNSLabel | None = Field(
+        default=None,
+        description=(
+            "SLO class of requests that carry no SLO fields (a tenant's own defaultClass wins);"
+            " none: best effort with bestEffortDeadlineSeconds."
+        ),
+    )
+
+    def unspecified_class(self, tenant_default: str | None) -> str | None:
+        """The class of a request without SLO fields: the tenant's, else the policy's."""
+        return tenant_default or self.default_class
 
     def slo_for(self, kind: SLOKind, stages: int = 1) -> SLO:
         """The default SLO of ``kind``."""
@@ -172,6 +183,10 @@ class TenantSpec(_Model):
     api_key_secret: str | None = Field(
         default=None, description="Name of a Secret whose key 'api-key' identifies this tenant."
     )
+    default_class: DNSLabel | None = Field(
+        default=None,
+        description="SLO class of this tenant's requests that carry no SLO fields.",
+    )
 
 
 class FairnessSettings(_Model):
@@ -188,6 +203,12 @@ class FairnessSettings(_Model):
             if spec.name == tenant:
                 return spec.weight
         return 1.0
+
+    def default_class_of(self, tenant: str) -> str | None:
+        for spec in self.tenants:
+            if spec.name == tenant:
+                return spec.default_class
+        return None
 
 
 class OverloadAction(StrEnum):
@@ -319,6 +340,15 @@ class SLOPolicySpec(_Model):
                 if name in seen:
                     problems.append(f"{section}[{index}].name: duplicate name {name!r}")
                 seen.add(name)
+        classes = {c.name for c in self.slo_defaults.classes}
+        defaults: list[tuple[str, str | None]] = [
+            ("sloDefaults.defaultClass", self.slo_defaults.default_class),
+            *((f"fairness.tenants[{i}].defaultClass", tenant.default_class)
+              for i, tenant in enumerate(self.fairness.tenants)),
+        ]
+        for path, wanted in defaults:
+            if wanted is not None and wanted not in classes:
+                problems.append(f"{path}: {wanted!r} is not in sloDefaults.classes")
         if self.sidecar.port == self.model.port:
             problems.append(
                 f"sidecar.port: {self.sidecar.port} is also model.port (one pod, one port each)"

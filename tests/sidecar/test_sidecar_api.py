@@ -211,3 +211,27 @@ def test_tenant_keys_from_flags_file_and_mounted_secrets(tmp_path: Path) -> None
         "team-d",
         None,
     ]
+
+
+def test_requests_without_slo_fields_get_the_tenants_default_class() -> None:
+    spec = load_policy({
+        "sloDefaults": {
+            "classes": [{"name": "chat", "kind": "latency", "ttftSeconds": 1.5, "tbtSeconds": 0.2},
+                        {"name": "batch", "kind": "deadline", "deadlineSeconds": 300}],
+            "defaultClass": "batch",
+        },
+        "fairness": {"tenants": [{"name": "app", "defaultClass": "chat"}]},
+    })
+    defaults = spec.slo_defaults
+    mine = parse_request("completions", {"prompt": "hi"}, {}, defaults,
+                         spec.fairness.default_class_of("app"))
+    assert mine.slo == LatencySLO(1.5, 0.2) and mine.slo_class == "chat"
+    other = parse_request("completions", {"prompt": "hi"}, {}, defaults,
+                          spec.fairness.default_class_of("someone-else"))
+    assert other.slo == DeadlineSLO(300.0) and other.slo_class == "batch"
+    # any SLO field given: the request's own SLO, not the default class
+    own = parse_request("completions", {"prompt": "hi", "slo": {"deadline_s": 9}}, {}, defaults,
+                        "chat")
+    assert own.slo == DeadlineSLO(9.0) and own.slo_class == "default"
+    problems = load_policy({"sloDefaults": {"defaultClass": "nope"}}).cross_field_problems()
+    assert problems == ["sloDefaults.defaultClass: 'nope' is not in sloDefaults.classes"]

@@ -165,14 +165,22 @@ def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
 
 
 def resolve_slo(
-    body: SLOBody | None, headers: Mapping[str, str], defaults: SLODefaults
+    body: SLOBody | None,
+    headers: Mapping[str, str],
+    defaults: SLODefaults,
+    tenant_class: str | None = None,
 ) -> tuple[SLO, str, ProgramRef | None]:
-    """The request's SLO, its SLO class label and (compound) its program reference."""
+    """The request's SLO, its SLO class label and (compound) its program reference. A
+    request with no SLO field at all gets the tenant's default class (``tenant_class``,
+    else the policy's ``sloDefaults.defaultClass``; none: best effort)."""
     b = body or SLOBody.model_validate({})
     h_ttft = _header_ms(headers, HEADER_TTFT)
     h_tbt = _header_ms(headers, HEADER_TPOT) or _header_ms(headers, HEADER_TBT)
     h_deadline = _header_ms(headers, HEADER_DEADLINE)
     class_name = b.class_name or headers.get(HEADER_CLASS)
+    no_slo_fields = body is None and h_ttft is None and h_tbt is None and h_deadline is None
+    if class_name is None and no_slo_fields:
+        class_name = defaults.unspecified_class(tenant_class)
     class_param = "slo.class" if b.class_name else HEADER_CLASS
 
     base: SLO | None = None
@@ -248,7 +256,11 @@ def _check_unsupported(body: _Body) -> None:
 
 
 def parse_request(
-    endpoint: Endpoint, raw: Any, headers: Mapping[str, str], defaults: SLODefaults
+    endpoint: Endpoint,
+    raw: Any,
+    headers: Mapping[str, str],
+    defaults: SLODefaults,
+    tenant_class: str | None = None,
 ) -> ParsedRequest:
     """Validate a decoded JSON body; raises APIError(400) naming the field."""
     if not isinstance(raw, dict):
@@ -261,7 +273,7 @@ def parse_request(
     _check_unsupported(body)
     extra = body.model_extra or {}
     sampling = {k: extra[k] for k in PASSTHROUGH if k in extra and extra[k] is not None}
-    slo, slo_class, program = resolve_slo(body.slo, headers, defaults)
+    slo, slo_class, program = resolve_slo(body.slo, headers, defaults, tenant_class)
     include_usage = bool((body.stream_options or {}).get("include_usage", False))
     prompt: str | None = None
     prompt_ids: list[int] | None = None

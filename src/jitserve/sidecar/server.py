@@ -279,7 +279,8 @@ class SidecarServer:
         arrival = time.monotonic()
         tenant = self._tenant(request)
         raw = await self._read_json(request)
-        parsed = parse_request(endpoint, raw, request.headers, self.spec.slo_defaults)
+        parsed = parse_request(endpoint, raw, request.headers, self.spec.slo_defaults,
+                               self.spec.fairness.default_class_of(tenant))
         d = self.dispatcher
         if not d.ready:
             d.metrics.rejections.labels("backend_down").inc()
