@@ -78,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:  # an optional extra the command needs at run time
+        extra = {name: extra for name, _, extra in COMPONENTS}.get(args.command, "")
+        if not extra or err.name is None or err.name.startswith("jitserve"):
+            raise
+        print(f"error: jitserve {args.command} needs '{err.name}'; install it: "
+              f"pip install 'jitserve[{extra}]'", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
