@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jitserve.analyzer.qrf import ForestConfig, LengthModel
-from jitserve.analyzer.service import AnalyzerCore, ServiceConfig, build_server
+from jitserve.analyzer.qrf_model import LengthModel
+from jitserve.analyzer.qrf_train import ForestConfig
+from jitserve.analyzer.service import build_server
+from jitserve.analyzer.service_config import ServiceConfig
+from jitserve.analyzer.service_core import AnalyzerCore
 
 SMALL_FOREST = ForestConfig(n_estimators=16)
 

@@ -14,7 +14,8 @@ import pytest
 from analyzer_helpers import SMALL_FOREST, RunningAnalyzer, start_analyzer
 
 from jitserve.analyzer.corpus import length_corpus
-from jitserve.analyzer.qrf import LengthModel, train_model
+from jitserve.analyzer.qrf_model import LengthModel
+from jitserve.analyzer.qrf_train import train_model
 
 
 @pytest.fixture(scope="session")

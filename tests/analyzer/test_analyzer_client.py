@@ -18,8 +18,8 @@ from jitserve.analyzer.client import (
     RemoteStageShare,
 )
 from jitserve.analyzer.corpus import program_corpus
-from jitserve.analyzer.qrf import LengthModel, LengthQuery
-from jitserve.analyzer.service import AnalyzerCore
+from jitserve.analyzer.qrf_model import LengthModel, LengthQuery
+from jitserve.analyzer.service_core import AnalyzerCore
 from jitserve.requests import Request
 from jitserve.scheduling.estimators import QuantileEstimator, UniformStageShare
 from jitserve.slo import DeadlineSLO

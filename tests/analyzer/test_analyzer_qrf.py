@@ -12,15 +12,9 @@ from hypothesis import strategies as st
 
 from jitserve.analyzer import features as F
 from jitserve.analyzer.corpus import LengthRecord, length_corpus
-from jitserve.analyzer.qrf import (
-    LEVELS,
-    LengthModel,
-    LengthQuery,
-    QRFEstimator,
-    _training_rows,
-    conditional_bound,
-    train_model,
-)
+from jitserve.analyzer.qrf import QRFEstimator
+from jitserve.analyzer.qrf_model import LEVELS, LengthModel, LengthQuery, conditional_bound
+from jitserve.analyzer.qrf_train import _training_rows, train_model
 from jitserve.requests import Request
 from jitserve.slo import DeadlineSLO, LatencySLO
 

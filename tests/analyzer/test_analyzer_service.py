@@ -19,8 +19,10 @@ from jitserve.analyzer.client import make_stub, match_pb, record_pb
 from jitserve.analyzer.corpus import program_corpus
 from jitserve.analyzer.graphs import summarize_program
 from jitserve.analyzer.proto import analyzer_pb2 as pb
-from jitserve.analyzer.qrf import LengthModel, LengthQuery
-from jitserve.analyzer.service import SERVICE_NAME, AnalyzerCore, ServiceConfig
+from jitserve.analyzer.qrf_model import LengthModel, LengthQuery
+from jitserve.analyzer.service import SERVICE_NAME
+from jitserve.analyzer.service_config import ServiceConfig
+from jitserve.analyzer.service_core import AnalyzerCore
 
 TIMEOUT = 5.0
 

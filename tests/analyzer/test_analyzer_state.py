@@ -11,7 +11,7 @@ from jitserve.analyzer import state
 from jitserve.analyzer.corpus import LengthRecord, program_corpus
 from jitserve.analyzer.graphs import summarize_program
 from jitserve.analyzer.matcher import PatternHistory
-from jitserve.analyzer.qrf import LengthModel, LengthQuery
+from jitserve.analyzer.qrf_model import LengthModel, LengthQuery
 
 
 def test_model_round_trip(tmp_path: Path, small_model: LengthModel) -> None:

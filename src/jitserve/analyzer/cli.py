@@ -67,7 +67,8 @@ def _check_quantile(q: float) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from jitserve.analyzer.service import ServiceConfig, serve
+    from jitserve.analyzer.service import serve
+    from jitserve.analyzer.service_config import ServiceConfig
 
     _check_quantile(args.quantile)
     if not 0 <= args.port <= 65535:

@@ -22,7 +22,8 @@ import numpy as np
 from jitserve.analyzer.corpus import APPS, LengthRecord, length_corpus, program_corpus, true_shares
 from jitserve.analyzer.graphs import summarize_program
 from jitserve.analyzer.matcher import PatternHistory
-from jitserve.analyzer.qrf import LengthModel, LengthQuery, train_model
+from jitserve.analyzer.qrf_model import LengthModel, LengthQuery
+from jitserve.analyzer.qrf_train import train_model
 from jitserve.requests import Program
 from jitserve.scheduling.estimators import UniformStageShare
 

@@ -3,7 +3,7 @@
 Who owns what: callers (the in-process :class:`~jitserve.analyzer.qrf.QRFEstimator`, the
 gRPC service) hand over what a request says about itself — prompt length, application
 tag, model, SLO kind and, when known, the prompt text. This module turns it into a
-fixed-width ``float32`` row; :mod:`jitserve.analyzer.qrf` owns the forests that read it.
+fixed-width ``float32`` row; :mod:`jitserve.analyzer.qrf_model` owns the forests that read it.
 
 Two views:
 - the *meta* view (prompt length, app, model, SLO kind) is all a simulated request has;

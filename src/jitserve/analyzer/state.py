@@ -6,7 +6,7 @@ a missing or unreadable file never stops the service — it logs one clear line,
 corrupt file aside (``NAME.corrupt``) and the caller starts that part fresh.
 
 Files (each written atomically: temporary file, fsync, rename):
-- ``model.pkl``: the :class:`~jitserve.analyzer.qrf.LengthModel` (pickle; the state
+- ``model.pkl``: the :class:`~jitserve.analyzer.qrf_model.LengthModel` (pickle; the state
   directory is trusted — it is the service's own volume);
 - ``buffer.json.gz``: the observed completions awaiting/used for training (prompt text
   cut to the words the features read);
@@ -31,7 +31,7 @@ from jitserve.analyzer.features import words
 from jitserve.analyzer.graphs import StageSummary
 from jitserve.analyzer.matcher import PatternHistory
 from jitserve.analyzer.proto import analyzer_pb2 as pb
-from jitserve.analyzer.qrf import LengthModel
+from jitserve.analyzer.qrf_model import LengthModel
 
 log = logging.getLogger("jitserve.analyzer.state")
 
