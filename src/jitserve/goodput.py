@@ -95,7 +95,9 @@ class LogHistogram:
         return np.minimum(scaled.astype(np.int64) + 1, self.BUCKETS - 1)
 
     def add(self, value: float) -> None:
-        self.counts[int(self._index(np.array([value]))[0])] += 1
+        # scalar path (one streamed token at a time): same bucket as _index
+        scaled = math.log(max(value, self.LOW) / self.LOW) / math.log(self.GROWTH)
+        self.counts[min(int(scaled) + 1, self.BUCKETS - 1)] += 1
         self.total += 1
 
     def add_many(self, values: npt.NDArray[np.float64]) -> None:

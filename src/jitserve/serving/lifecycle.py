@@ -189,10 +189,19 @@ class Lifecycle:
         r.generated = max(r.generated, first_index + int(times.size))
         r.prefilled = r.prefill_target
         slo = r.req.slo
+        last = self._last_token_s.get(r)
+        if times.size == 1:  # the sidecar's hot path: one streamed token, no arrays
+            at = float(times[0])
+            if isinstance(slo, LatencySLO) and r.program is None:
+                due = r.req.arrival_s + slo.ttft_s + first_index * slo.tbt_s
+                self._ontime[r] += at <= due + 1e-9
+            if last is not None:
+                self.ledger.tbt.add(at - last)
+            self._last_token_s[r] = at
+            return
         if isinstance(slo, LatencySLO) and r.program is None:
             due = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
             self._ontime[r] += int(np.count_nonzero(times <= due + 1e-9))
-        last = self._last_token_s.get(r)
         gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
         self.ledger.tbt.add_many(gaps)
         self._last_token_s[r] = float(times[-1])
