@@ -31,6 +31,7 @@ from jitserve.goodput import GoodputLedger, LogHistogram, Outcome, score_request
 from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request
 from jitserve.scheduling.base import EngineView, Policy, RetireReason
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
+from jitserve.serving.outcomes import program_outcome, request_outcome
 from jitserve.serving.speed import SpeedMeter
 from jitserve.slo import LatencySLO
 
@@ -200,8 +201,8 @@ class Lifecycle:
             self._last_token_s[r] = at
             return
         if isinstance(slo, LatencySLO) and r.program is None:
-            due = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
-            self._ontime[r] += int(np.count_nonzero(times <= due + 1e-9))
+            dues = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
+            self._ontime[r] += int(np.count_nonzero(times <= dues + 1e-9))
         gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
         self.ledger.tbt.add_many(gaps)
         self._last_token_s[r] = float(times[-1])
@@ -374,53 +375,20 @@ class Lifecycle:
     def _record_request(
         self, r: LiveRequest, goodput: int, met: bool, now_s: float, retired: bool = False
     ) -> Outcome:
-        req = r.req
-        ttft = None if r.first_token_s is None else r.first_token_s - req.arrival_s
-        outcome = Outcome(
-            req.tenant,
-            req.kind,
-            req.slo_class,
-            req.prompt_tokens,
-            r.generated,
-            goodput,
-            met,
-            retired,
-            ttft,
-            now_s - req.arrival_s,
-        )
+        outcome = request_outcome(r, goodput, met, now_s, retired)
         self.ledger.record(outcome)
         return outcome
 
     def _end_program(self, lp: LiveProgram, now_s: float, retired: bool) -> Outcome:
-        """One outcome per compound program: all its tokens count if it finished in time."""
         lp.ended = True
         lp.retired = retired
-        program = lp.program
         self._members.pop(lp, None)
         starts = self._stage_starts.pop(lp, [])
         if not retired and starts:
             ends = [*starts[1:], now_s]
             self.stage_share.observe_program(
-                program, [e - s for s, e in zip(starts, ends, strict=True)]
+                lp.program, [e - s for s, e in zip(starts, ends, strict=True)]
             )
-        goodput, met = (
-            (0, False)
-            if retired
-            else score_request(
-                program.slo, lp.prompt_tokens, lp.attained_tokens, now_s, lp.deadline_abs_s
-            )
-        )
-        outcome = Outcome(
-            program.tenant,
-            program.slo.kind,
-            program.slo_class,
-            lp.prompt_tokens,
-            lp.attained_tokens,
-            goodput,
-            met,
-            retired,
-            None,
-            now_s - program.arrival_s,
-        )
+        outcome = program_outcome(lp, now_s, retired)
         self.ledger.record(outcome)
         return outcome
