@@ -1,27 +1,19 @@
 """The sidecar's engine: drives the request lifecycle against a real vLLM (owner: sidecar).
 
-Ownership (the same split as the simulator's ``jitserve.sim.engine``):
-- :class:`~jitserve.serving.lifecycle.Lifecycle` owns request state, policy calls,
-  bounds, frames and outcomes (the simulator drives the very same one);
-- this *dispatcher* is its :class:`~jitserve.serving.lifecycle.Executor` toward vLLM:
-  it owns the streams, wall-clock time, what it measures of vLLM's speed, backend health
-  and draining, and turns outcomes into client events and metrics.
+:class:`~jitserve.serving.lifecycle.Lifecycle` owns request state, policy calls, bounds,
+frames and outcomes (the simulator drives the very same one); this dispatcher is its
+:class:`~jitserve.serving.lifecycle.Executor` toward vLLM: streams, wall clock, health,
+draining, client events.
 
-Dispatch keeps vLLM's batch full. vLLM runs ``max_running`` (B = its ``--max-num-seqs``)
-sequences at once; the dispatcher keeps up to ``engine_queue`` more requests queued
-*inside* vLLM, so a finished sequence's slot is refilled by vLLM itself within the same
-step instead of idling for a round trip through the sidecar. Requests are dispatched in
-the policy's order and vLLM's ``priority`` (it runs ``--scheduling-policy priority``) is
-the dispatch sequence, so vLLM keeps that order in its own queue and, under KV pressure,
-preempts the request the policy ranked last. At each frame (``frame_steps`` decode steps,
-timed from observed token gaps) the policy may preempt: the request is aborted in vLLM
-(its stream closed) and re-queued; when dispatched again it resumes as a continuation
-(prompt + tokens so far, remaining ``max_tokens``), so the client's stream only pauses
-and receives every token exactly once, in order.
-
-Failure handling: a broken vLLM stream fails that request with a clear error event and
-marks the backend not ready; queued requests stay queued and dispatching resumes when
-the health check answers again.
+Dispatch keeps vLLM's batch full: vLLM runs ``max_running`` (B, its ``--max-num-seqs``)
+sequences; up to ``engine_queue`` more wait *inside* vLLM, dispatched in the policy's
+order with vLLM's ``priority`` = the dispatch sequence (it runs ``--scheduling-policy
+priority``), so a freed slot is refilled in vLLM's next step, not after a round trip, and
+KV pressure evicts the request the policy ranked last. A preempted request is aborted in
+vLLM (stream closed) and later resumed as a continuation (prompt + tokens so far,
+remaining ``max_tokens``): the client's stream only pauses, every token arrives once, in
+order. A broken stream fails that request with an error event and marks the backend not
+ready; queued requests wait for it to come back.
 """
 
 from __future__ import annotations
@@ -31,7 +23,6 @@ import contextlib
 import itertools
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +42,7 @@ from jitserve.sidecar.errors import APIError, backend_down, queue_full
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.sidecar.pacing import FramePacer
 from jitserve.sidecar.programs import ProgramBook
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.slo import CompoundSLO
@@ -105,8 +97,7 @@ class Dispatcher:
         self.bounds = AnalyzerBounds(self.lifecycle, metrics)
         self.analyzer = analyzer
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
-        self.min_frame_s = min_frame_s
-        self.max_frame_s = max_frame_s
+        self.pacer = FramePacer(self.speed, min_frame_s, max_frame_s)
         self.jobs: dict[LiveRequest, Job] = {}
         self.service_s = 2.0
         self.report = Reporter(metrics)
@@ -173,8 +164,7 @@ class Dispatcher:
 
     # ---- figures ------------------------------------------------------------------------
     def frame_s(self) -> float:
-        frame = self.policy.frame_steps * self.speed.decode_step_s
-        return min(max(frame, self.min_frame_s), self.max_frame_s)
+        return self.pacer.frame_s(self.policy.frame_steps)
 
     def retry_after_s(self) -> int:
         backlog = self.policy.waiting() / max(self.max_running, 1) * self.service_s
@@ -388,25 +378,9 @@ class Dispatcher:
         job.task = None
 
     # ---- frames -------------------------------------------------------------------------
-    def _measure_step(self) -> None:
-        """Decode step time from the tokens each running request received since the last
-        frame: (time of its last token - mark) / tokens. Averaged over a frame, this is
-        robust to vLLM merging several steps into one event when its reader lags."""
-        samples = []
-        for r in self.lifecycle.running:
-            job = self.jobs.get(r)
-            if job is None or job.mark_s is None or job.last_token_s is None:
-                continue
-            tokens = r.generated - job.mark_tokens
-            if tokens >= 2 and job.last_token_s > job.mark_s:
-                samples.append((job.last_token_s - job.mark_s) / tokens)
-                job.mark_s, job.mark_tokens = job.last_token_s, r.generated
-        if samples:
-            decoders = min(len(self.lifecycle.running), self.max_running)
-            self.speed.decode_stretch(statistics.median(samples), 1, decoders)
-
     def _frame(self, now: float) -> None:
-        self._measure_step()
+        self.pacer.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
+                           self.max_running)
         result = self.lifecycle.frame(now, self.max_running)
         for gone in result.retired:
             self._retired(gone)
@@ -429,7 +403,8 @@ class Dispatcher:
             wait = last_frame + self.frame_s() - self.clock()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(wait, self.min_frame_s * 5))
+                    await asyncio.wait_for(self._wake.wait(),
+                                           min(wait, self.pacer.min_frame_s * 5))
             self._wake.clear()
             now = self.clock()
             due = now >= last_frame + self.frame_s()
