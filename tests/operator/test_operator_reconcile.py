@@ -69,8 +69,8 @@ def test_drift_is_corrected() -> None:
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     assert sorted(out.writes) == sorted(
         [
-            f"replace ConfigMap {NS}/chat-config",
-            f"replace Deployment {NS}/chat",
+            f"apply ConfigMap {NS}/chat-config",
+            f"apply Deployment {NS}/chat",
             f"create Service {NS}/chat",
         ]
     )
@@ -90,7 +90,7 @@ def test_tuning_p_and_f_rewrites_only_the_config_map() -> None:
         "fairness": {"weight": 0.4},
     }
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
-    assert out.writes == [f"replace ConfigMap {NS}/chat-config"]
+    assert out.writes == [f"apply ConfigMap {NS}/chat-config"]
     assert (
         kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"] == template_before
     )
@@ -122,7 +122,7 @@ def test_removing_the_ingress_section_deletes_the_ingress() -> None:
     kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = {}
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     # The ConfigMap is the whole spec (the sidecar's config file), so it changes too.
-    assert out.writes == [f"replace ConfigMap {NS}/chat-config", f"delete Ingress {NS}/chat"]
+    assert out.writes == [f"apply ConfigMap {NS}/chat-config", f"delete Ingress {NS}/chat"]
 
 
 def test_analyzer_owned_by_all_policies_in_the_namespace() -> None:

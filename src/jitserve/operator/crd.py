@@ -19,6 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from jitserve.operator import constants as c
+from jitserve.operator.builders import MAX_NAME as MAX_POLICY_NAME
 from jitserve.policy import SLOPolicySpec, SLOPolicyStatus
 
 JSON = dict[str, Any]
@@ -102,6 +103,8 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
         raise SchemaError(f"{path or '<root>'}: null type")
 
     out: JSON = {k: node[k] for k in _KEEP if k in node}
+    # Kubernetes extensions a model asks for (e.g. a list-map keyed by `type`).
+    out.update({k: v for k, v in node.items() if k.startswith("x-kubernetes-")})
     if "description" in out:
         out["description"] = " ".join(str(out["description"]).replace("``", "`").split())
     if not out.get("required"):
@@ -140,7 +143,11 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
             raise SchemaError(f"{path}: array without items schema")
         item_schema = _convert(items, defs, defaults=defaults, path=f"{path}[]")
         out["items"] = item_schema
-        if item_schema.get("type") == "object" and "name" in item_schema.get("required", []):
+        if (
+            "x-kubernetes-list-type" not in out
+            and item_schema.get("type") == "object"
+            and "name" in item_schema.get("required", [])
+        ):
             out["x-kubernetes-list-type"] = "map"
             out["x-kubernetes-list-map-keys"] = ["name"]
 
@@ -170,9 +177,16 @@ def crd_object() -> JSON:
             "(weight f, tenants) and admission settings."
         ),
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {
+                "type": "string",
+                "description": f"The versioned schema of this object: {c.API_VERSION}.",
+            },
+            "kind": {"type": "string", "description": f"The REST resource: {c.KIND}."},
+            "metadata": {
+                "type": "object",
+                "description": "Standard object metadata. The name names the children (a DNS "
+                f"label of at most {MAX_POLICY_NAME} characters).",
+            },
             "spec": spec_schema,
             "status": status_schema,
         },
@@ -198,7 +212,19 @@ def crd_object() -> JSON:
             "priority": 1,
         },
         {"name": "F", "type": "number", "jsonPath": ".spec.fairness.weight"},
-        {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment.overall"},
+        {
+            "name": "Attainment",
+            "type": "number",
+            "jsonPath": ".status.recentAttainment.overall",
+            "description": "SLO attainment over the last spec.reporting.attainmentWindowSeconds.",
+        },
+        {
+            "name": "Lifetime",
+            "type": "number",
+            "jsonPath": ".status.attainment.overall",
+            "priority": 1,
+            "description": "SLO attainment since the serving pods started.",
+        },
         {
             "name": "Goodput",
             "type": "number",
