@@ -152,6 +152,9 @@ def _remove_dropped(target: JSON, previous: JSON, desired: JSON) -> None:
     for key, value in previous.items():
         if key not in desired:
             target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(desired[key], dict):
-            if isinstance(target.get(key), dict):
-                _remove_dropped(target[key], value, desired[key])
+        elif (
+            isinstance(value, dict)
+            and isinstance(desired[key], dict)
+            and isinstance(target.get(key), dict)
+        ):
+            _remove_dropped(target[key], value, desired[key])

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from operator_support import (
     MEASURED,
-    RUN,
+    OTHER_NAMESPACES,
     SESSION_NAMESPACES,
     OperatorProcess,
     ensure_namespace,
@@ -29,12 +29,12 @@ from prometheus_client import start_http_server
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
-from jitserve.operator.reconcile import is_subset
+from jitserve.operator.reconcile import APPLIED_HASH, is_subset
 from jitserve.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-NS_EX, NS_TUNE, NS_INVALID, NS_DELETE, NS_METRICS, NS_DRIFT = SESSION_NAMESPACES
+NS_EX, NS_TUNE, NS_INVALID, NS_DELETE, NS_METRICS, NS_DRIFT = SESSION_NAMESPACES[:6]
 SETTINGS = b.OperatorSettings(sidecar_image="jitserve/sidecar:e2e")
 
 
@@ -485,6 +485,7 @@ def _normalized(obj: dict[str, Any] | None) -> dict[str, Any]:
     for ref in meta.get("ownerReferences") or []:
         ref.pop("uid", None)
     meta.get("annotations", {}).pop("deployment.kubernetes.io/revision", None)
+    meta.get("annotations", {}).pop(APPLIED_HASH, None)  # hashes the namespace too
     obj.pop("status", None)
     spec = obj.get("spec") or {}
     for key in ("clusterIP", "clusterIPs"):
@@ -495,8 +496,7 @@ def _normalized(obj: dict[str, Any] | None) -> dict[str, Any]:
     )
 
 
-NS_RESTART = f"e2e-{RUN}-restart"
-NS_REFERENCE = f"e2e-{RUN}-reference"
+NS_RESTART, NS_REFERENCE = OTHER_NAMESPACES
 
 
 def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(

@@ -19,7 +19,6 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from jitserve.operator import constants as c
-from jitserve.operator.builders import MAX_NAME as MAX_POLICY_NAME
 from jitserve.policy import SLOPolicySpec, SLOPolicyStatus
 
 JSON = dict[str, Any]
@@ -182,11 +181,9 @@ def crd_object() -> JSON:
                 "description": f"The versioned schema of this object: {c.API_VERSION}.",
             },
             "kind": {"type": "string", "description": f"The REST resource: {c.KIND}."},
-            "metadata": {
-                "type": "object",
-                "description": "Standard object metadata. The name names the children (a DNS "
-                f"label of at most {MAX_POLICY_NAME} characters).",
-            },
+            # Only `type` is allowed here: the API server publishes ObjectMeta's own schema
+            # (and its descriptions) for it.
+            "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
         },
