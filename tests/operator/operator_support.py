@@ -384,9 +384,7 @@ def webhook(admin: RestKube, session_operator: SessionOperator) -> Iterator[dict
             "namespaceSelector": {"matchLabels": dict([WEBHOOK_LABEL])},
         }
     }
-    (config,) = [
-        d for d in chart_objects(values) if d["kind"] == "ValidatingWebhookConfiguration"
-    ]
+    (config,) = [d for d in chart_objects(values) if d["kind"] == "ValidatingWebhookConfiguration"]
     config["metadata"]["name"] = f"jitserve-e2e-{RUN}"
     path = API_PATHS[("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")]
     apply(admin, config)

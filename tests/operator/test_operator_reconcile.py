@@ -260,3 +260,40 @@ def test_controller_resync_reconciles_known_policies_and_forgets_deleted_ones() 
     thread.join(timeout=5)
     assert ("apps/v1", "Deployment", NS, "chat") in kube.objects
     assert controller.known() == [(NS, "chat")]
+
+
+def test_server_side_apply_removes_what_the_policy_no_longer_sets() -> None:
+    """A dropped Ingress annotation or toleration goes away (hand diffs kept them)."""
+    kube = FakeKube()
+    policy(
+        kube,
+        "chat",
+        {
+            "ingress": {"host": "chat.example.com", "annotations": {"a": "1", "b": "2"}},
+            "pod": {"tolerations": [{"key": "gpu", "operator": "Exists"}]},
+        },
+    )
+    reconcile(kube, fresh(kube, "chat"), SETTINGS)
+    ingress = kube.objects[("networking.k8s.io/v1", "Ingress", NS, "chat")]
+    ingress["metadata"]["annotations"]["someone-else"] = "keep"  # not ours: stays
+    kube.merge_patch(
+        c.API_VERSION,
+        c.KIND,
+        NS,
+        "chat",
+        {"spec": {"ingress": {"annotations": {"b": None}}, "pod": {"tolerations": None}}},
+    )
+    out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
+    assert sorted(out.writes) == [
+        f"apply ConfigMap {NS}/chat-config",  # the sidecar's copy of the spec
+        f"apply Deployment {NS}/chat",
+        f"apply Ingress {NS}/chat",
+    ]
+    annotations = kube.objects[("networking.k8s.io/v1", "Ingress", NS, "chat")]["metadata"][
+        "annotations"
+    ]
+    assert annotations["a"] == "1" and "b" not in annotations
+    assert annotations["someone-else"] == "keep"
+    pod = kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"]["spec"]
+    assert "tolerations" not in pod
+    assert reconcile(kube, fresh(kube, "chat"), SETTINGS).writes == []
