@@ -396,3 +396,32 @@ def webhook(admin: RestKube, session_operator: SessionOperator) -> Iterator[dict
 @pytest.fixture(scope="session")
 def operator_log(session_operator: OperatorProcess) -> Callable[[], str]:
     return session_operator.log
+
+
+def mark_pods_running(kube: RestKube, ns: str, name: str, pod_ip: str = "127.0.0.1") -> int:
+    """What the kubelet would do: the policy's pods become Running and Ready with an IP."""
+    from datetime import UTC, datetime
+
+    from jitserve.operator import builders as b
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pods = kube.list("v1", "Pod", ns, b.selector_string(name))
+    for pod in pods:
+        conds = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        status = {
+            "phase": "Running",
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "startTime": now,
+            "conditions": conds,
+        }
+        kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
+            {"status": status},
+            "application/merge-patch+json",
+        )
+    return len(pods)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from operator_support import (
     SESSION_NAMESPACES,
     OperatorProcess,
     ensure_namespace,
+    mark_pods_running,
     wait_for,
 )
 from prometheus_client import start_http_server
@@ -89,31 +89,6 @@ def wait_children(kube: RestKube, ns: str, name: str, ingress: bool) -> dict[str
         f"children of {ns}/{name}", present, timeout_s=60, every_s=0.05
     )
     return found
-
-
-def mark_pods_running(kube: RestKube, ns: str, name: str, pod_ip: str = "127.0.0.1") -> int:
-    """What the kubelet would do: the policy's pods become Running and Ready with an IP."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pods = kube.list("v1", "Pod", ns, b.selector_string(name))
-    for pod in pods:
-        conds = [
-            {"type": t, "status": "True", "lastTransitionTime": now}
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ]
-        status = {
-            "phase": "Running",
-            "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}],
-            "startTime": now,
-            "conditions": conds,
-        }
-        kube.request(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
-            {"status": status},
-            "application/merge-patch+json",
-        )
-    return len(pods)
 
 
 def replica_sets(kube: RestKube, ns: str, name: str) -> list[dict[str, Any]]:
@@ -638,3 +613,12 @@ def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_null_for_an_optional_section_is_pruned_by_the_api_server(admin: RestKube) -> None:
+    """The CRD has no `nullable` (kubectl explain would lose those fields): the API server
+    drops a null before defaulting, so `ingress: null` means "no ingress"."""
+    ensure_namespace(admin, NS_INVALID)
+    created = admin.create(policy("nulls", NS_INVALID, {"ingress": None, "model": {"cache": None}}))
+    assert "ingress" not in created["spec"] and "cache" not in created["spec"]["model"]
+    assert load_policy(created["spec"]).ingress is None

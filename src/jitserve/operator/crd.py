@@ -1,7 +1,9 @@
 """Generate the ``SLOPolicy`` CustomResourceDefinition from the pydantic model.
 
 Pydantic's JSON schema (draft 2020-12) is not a Kubernetes *structural* schema, so it is
-converted: ``$ref`` inlined, ``anyOf [X, null]`` turned into ``X`` + ``nullable``,
+converted: ``$ref`` inlined, ``anyOf [X, null]`` turned into plain ``X`` (an optional field
+is omitted, and the API server prunes a ``null`` before defaulting; ``nullable: true`` would
+make the published OpenAPI v2 drop the field's type, and ``kubectl explain`` its fields),
 numeric ``exclusiveMinimum`` into OpenAPI v3's boolean form, ``additionalProperties:
 false`` dropped (the API server prunes unknown fields), titles dropped, defaults kept
 (nested objects default to ``{}`` so the API server fills in their own defaults, the
@@ -85,10 +87,8 @@ def _resolve(node: JSON, defs: dict[str, JSON]) -> JSON:
 
 def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) -> JSON:
     node = _resolve(node, defs)
-    nullable = False
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
-        nullable = len(options) < len(node["anyOf"])
         if len(options) != 1:
             raise SchemaError(f"{path or '<root>'}: anyOf with {len(options)} non-null options")
         inner = {k: v for k, v in node.items() if k != "anyOf"}
@@ -118,8 +118,6 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
                 out[bound] = True
     if "const" in node:
         out["enum"] = [node["const"]]
-    if nullable:
-        out["nullable"] = True
 
     kind = node["type"]
     if kind == "object":
