@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -309,3 +310,42 @@ def test_windowed_attainment_follows_a_patch_of_p(
         MEASURED["window_reflects_after_last_miss_s"] = reflected - misses_done
     finally:
         sidecar.close()
+
+
+def test_operator_metrics_count_reconciles_and_webhook_answers(
+    admin: RestKube, session_operator: SessionOperator, webhook: dict[str, Any], kubectl: Kubectl
+) -> None:
+    """The operator's own /metrics (what the chart's ServiceMonitor scrapes)."""
+    from live_stack import metric_total
+
+    url = f"http://127.0.0.1:{session_operator.metrics_port}/metrics"
+    refused = kubectl(
+        "apply", "-n", NS_KUBECTL, "-f", "manifests/examples/invalid/tls-without-host.yaml"
+    )
+    assert refused.returncode != 0
+    name = "metered-op"
+    doc = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}, "spec": {}}
+    assert kubectl("apply", "-n", NS_KUBECTL, "-f", "-", stdin=yaml.safe_dump(doc)).returncode == 0
+
+    def text() -> str:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body: str = resp.read().decode()
+            return body
+
+    def seen() -> str | None:
+        body = text()
+        labels = {"namespace": NS_KUBECTL, "policy": name}
+        ready = (
+            "jitserve_operator_policy_ready" in body
+            and metric_total(body, "jitserve_operator_policy_degraded", **labels) == 0
+            and f'policy="{name}"' in body
+        )
+        return body if ready else None
+
+    body = wait_until("the new policy in the operator's metrics", seen, timeout_s=30)
+    assert metric_total(body, "jitserve_operator_admission_reviews_total", result="denied") >= 1
+    assert metric_total(body, "jitserve_operator_admission_reviews_total", result="allowed") >= 1
+    assert metric_total(body, "jitserve_operator_reconciles_total", result="ok") >= 1
+    assert metric_total(body, "jitserve_operator_writes_total", kind="Deployment") >= 1
+    assert metric_total(body, "jitserve_operator_reconcile_seconds_count") >= 1
+    assert kubectl("delete", "slopolicy", name, "-n", NS_KUBECTL).returncode == 0

@@ -214,3 +214,29 @@ def test_status_carries_recent_beside_lifetime_attainment() -> None:
     assert "recentAttainment" not in quiet and quiet["recentRequests"] == 0
     patch = st.status_patch(status, quiet)
     assert patch is not None and patch["recentAttainment"] is None
+
+
+def test_operator_metrics_mirror_the_status_and_forget_deleted_policies() -> None:
+    from jitserve.operator.metrics import OperatorMetrics
+
+    m = OperatorMetrics()
+    status = {
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "Degraded", "status": "False"},
+        ],
+        "attainment": {"overall": 0.9},
+        "recentAttainment": {"overall": 0.5},
+    }
+    m.observe_status("team-a", "chat", status)
+    text = generate_latest(m.registry).decode()
+    assert 'jitserve_operator_policy_ready{namespace="team-a",policy="chat"} 1.0' in text
+    assert 'jitserve_operator_policy_degraded{namespace="team-a",policy="chat"} 0.0' in text
+    assert (
+        'jitserve_operator_policy_attainment{namespace="team-a",policy="chat",window="recent"} 0.5'
+        in text
+    )
+    m.observe_status("team-a", "chat", {**status, "recentAttainment": None})
+    assert 'window="recent"' not in generate_latest(m.registry).decode()
+    m.forget("team-a", "chat")
+    assert 'policy="chat"' not in generate_latest(m.registry).decode()
