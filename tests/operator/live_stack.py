@@ -4,7 +4,7 @@ sidecar serve`` processes in front of it, plus a small HTTP client.
 
 Nothing is faked: the sidecar's /metrics and vLLM's /metrics are what Prometheus and the
 operator read. ``JITSERVE_TEST_VLLM_URL`` points the tests at an already running tiny vLLM
-(started as ``jitserve.sidecar.vllm.vllm_command`` does) instead of starting one.
+(started as ``jitserve.devstack.vllm.vllm_command`` does) instead of starting one.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from jitserve.sidecar import tinymodel
-from jitserve.sidecar import vllm as vl
+from jitserve.devstack import tinymodel
+from jitserve.devstack import vllm as vl
 
 VLLM_START_TIMEOUT_S = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "600"))
 MODEL = tinymodel.MODEL_NAME

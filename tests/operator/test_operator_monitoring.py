@@ -28,7 +28,7 @@ import yaml
 from live_stack import Sidecar, burst, complete, wait_until
 from operator_support import MEASURED, chart_objects
 
-from jitserve.sidecar import vllm as vl
+from jitserve.devstack import vllm as vl
 
 HERE = Path(__file__).resolve().parent
 TARGET = {"namespace": "e2e", "policy": "live", "pod": "live-0"}
