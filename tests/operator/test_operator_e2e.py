@@ -640,3 +640,45 @@ def test_null_for_an_optional_section_is_pruned_by_the_api_server(admin: RestKub
     created = admin.create(policy("nulls", NS_INVALID, {"ingress": None, "model": {"cache": None}}))
     assert "ingress" not in created["spec"] and "cache" not in created["spec"]["model"]
     assert load_policy(created["spec"]).ingress is None
+
+
+def test_fields_dropped_from_the_spec_leave_the_children(
+    admin: RestKube, session_operator: OperatorProcess
+) -> None:
+    """Server-side apply against the real API server: an Ingress annotation and a
+    toleration removed from the policy disappear from the children; an annotation someone
+    else put on the Ingress stays."""
+    name = "dropped"
+    spec = {
+        "ingress": {"host": "dropped.example.com", "annotations": {"keep": "1", "drop": "2"}},
+        "pod": {"tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    }
+    admin.create(policy(name, NS_DRIFT, spec))
+    wait_children(admin, NS_DRIFT, name, ingress=True)
+    admin.merge_patch(
+        "networking.k8s.io/v1",
+        "Ingress",
+        NS_DRIFT,
+        name,
+        {"metadata": {"annotations": {"someone-else": "x"}}},
+    )
+    merge_patch_policy(
+        admin,
+        NS_DRIFT,
+        name,
+        {"spec": {"ingress": {"annotations": {"drop": None}}, "pod": {"tolerations": None}}},
+    )
+
+    def converged() -> bool:
+        ingress = admin.get("networking.k8s.io/v1", "Ingress", NS_DRIFT, name) or {}
+        annotations = ingress.get("metadata", {}).get("annotations") or {}
+        deployment = admin.get("apps/v1", "Deployment", NS_DRIFT, name) or {}
+        pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
+        return (
+            "drop" not in annotations
+            and annotations.get("keep") == "1"
+            and annotations.get("someone-else") == "x"
+            and "tolerations" not in pod
+        )
+
+    wait_for("the dropped annotation and toleration gone", converged)
