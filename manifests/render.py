@@ -4,7 +4,8 @@
     .venv/bin/python manifests/render.py --check  # exit 1 if it is out of date
 
 The plain install manifest = a Namespace, the chart's CRD and the chart's templates
-rendered with default values, release "jitserve" in namespace "jitserve-system".
+rendered with default values (but no validating webhook, see INSTALL_VALUES), release
+"jitserve" in namespace "jitserve-system".
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ CHART = ROOT / "charts" / "jitserve"
 OUT = ROOT / "manifests" / "install.yaml"
 RELEASE = "jitserve"
 NAMESPACE = "jitserve-system"
-ORDER = ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-         "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]
+ORDER = ["Namespace", "CustomResourceDefinition", "ServiceAccount", "Secret", "ConfigMap",
+         "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
+         "ValidatingWebhookConfiguration"]
+# The plain manifest has no webhook: its TLS certificate would be one key for every
+# installation, in git. The chart generates one per installation (see docs/operator.md).
+INSTALL_VALUES: dict[str, object] = {"webhook": {"enabled": False}}
 
 
 def render_documents(values: dict[str, object] | None = None, namespace: str = NAMESPACE) -> list[dict]:
@@ -40,7 +45,7 @@ def render_documents(values: dict[str, object] | None = None, namespace: str = N
 
 def install_manifest() -> str:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    docs = [namespace, *render_documents()]
+    docs = [namespace, *render_documents(INSTALL_VALUES)]
     header = (
         "# Plain install manifest of jitserve: `kubectl apply -f manifests/install.yaml`.\n"
         "# Rendered from charts/jitserve (default values) by manifests/render.py; do not edit.\n"

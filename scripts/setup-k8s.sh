@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build (once) a real Kubernetes control plane for the operator tests: kube-apiserver and
-# kube-controller-manager 1.20.2 from Debian's `kubernetes` source package, plus etcd from
-# Debian's `etcd-server`. See shared/KUBERNETES.md for the measured recipe.
+# Build (once) a real Kubernetes control plane for the operator tests: kube-apiserver,
+# kube-controller-manager and kubectl 1.20.2 from Debian's `kubernetes` source package, plus
+# etcd from Debian's `etcd-server`. See shared/KUBERNETES.md for the measured recipe.
 #
 # Idempotent. The binaries are cached OUTSIDE the clone, keyed by version:
-#   ${JITSERVE_CACHE:-$HOME/.cache/jitserve}/k8s-v1.20.2-p2/bin/{kube-apiserver,kube-controller-manager}
-# ("-p2": the two source patches below; bump it when they change).
+#   ${JITSERVE_CACHE:-$HOME/.cache/jitserve}/k8s-v1.20.2-p2/bin/{kube-apiserver,kube-controller-manager,kubectl}
+# ("-p2": the two source patches below; bump it when they change). Only missing binaries are
+# built, so adding one to BINARIES builds just that one (same source, same patches).
 # A second run on the same machine only checks that they are there (well under a second).
 # Set JITSERVE_SKIP_K8S_SETUP=1 to skip (e.g. when the e2e tests use an external KUBECONFIG).
 set -euo pipefail
@@ -34,9 +35,21 @@ if [ -x "$VENV_PY" ] && ! "$VENV_PY" -c "import helm_python" >/dev/null 2>&1; th
 fi
 
 packages=(golang-go rsync jq etcd-server golang-github-modern-go-reflect2-dev dpkg-dev openssl)
-if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] \
-  && command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1; then
+BINARIES=(kube-apiserver kube-controller-manager kubectl)
+all_built() {
+  for what in "${BINARIES[@]}"; do [ -x "$BIN/$what" ] || return 1; done
+  command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1
+}
+if all_built; then
   echo "setup-k8s: cached in $BIN"
+  exit 0
+fi
+# One build at a time on this machine (several worktrees share the cache).
+mkdir -p "$CACHE"
+exec 8>"$CACHE/k8s-v$K8S_VERSION.lock"
+flock 8
+if all_built; then
+  echo "setup-k8s: cached in $BIN (built by another run meanwhile)"
   exit 0
 fi
 
@@ -110,7 +123,7 @@ done
 export GOPATH="$SRC/.go" CGO_ENABLED=0 GOCACHE="$WORK/gocache"
 mkdir -p "$GOPATH/src/k8s.io"
 [ -e "$GOPATH/src/k8s.io/kubernetes" ] || ln -s ../../.. "$GOPATH/src/k8s.io/kubernetes"
-for what in kube-apiserver kube-controller-manager; do
+for what in "${BINARIES[@]}"; do
   if [ ! -x "$BIN/$what" ]; then
     echo "setup-k8s: building $what (a few minutes on 2 cores)"
     (cd "$GOPATH/src/k8s.io/kubernetes" && make WHAT="cmd/$what" KUBE_VERBOSE=0 >"$WORK/build-$what.log" 2>&1) \

@@ -9,7 +9,9 @@ Sections: ``sloDefaults`` (per-kind defaults and named classes), ``objective``,
 ``scheduler`` (cutoff ``p``, frame, aging ``delta``, length quantile, refinement,
 preemption), ``fairness`` (weight ``f``, tenant weights), ``admission`` (waiting time,
 queue cap, overload action), and the serving sections the operator reads
-(``model``, ``replicas``, ``ingress``).
+(``model``, ``pod``, ``replicas``, ``ingress``, ``reporting``). Every field carries a
+description: the CRD's ``kubectl explain`` text is generated from them. The pod-level
+knobs (env from Secrets, scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from jitserve.policy_pod import EnvVar, ModelCache, PodSettings, Quantity, VolumeMount, pod_problems
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 
 Seconds = Annotated[float, Field(gt=0, le=86400)]
@@ -46,11 +49,13 @@ class LatencyDefaults(_Model):
 class SLOClass(_Model):
     """A named SLO class tenants can ask for (e.g. ``interactive``, ``batch``)."""
 
-    name: DNSLabel
-    kind: SLOKind
-    ttft_seconds: Seconds | None = None
-    tbt_seconds: Seconds | None = None
-    deadline_seconds: Seconds | None = None
+    name: DNSLabel = Field(description="Class name requests ask for (slo.class, x-slo-class).")
+    kind: SLOKind = Field(description="latency, deadline, compound or best_effort.")
+    ttft_seconds: Seconds | None = Field(default=None, description="TTFT target (latency).")
+    tbt_seconds: Seconds | None = Field(default=None, description="TBT target (latency).")
+    deadline_seconds: Seconds | None = Field(
+        default=None, description="End-to-end deadline (deadline), whole program (compound)."
+    )
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> SLOClass:
@@ -62,7 +67,11 @@ class SLOClass(_Model):
 
 
 class SLODefaults(_Model):
-    latency: LatencyDefaults = LatencyDefaults()
+    """SLOs of requests that carry none, and named SLO classes."""
+
+    latency: LatencyDefaults = Field(
+        default=LatencyDefaults(), description="Defaults of latency requests (TTFT, TBT)."
+    )
     deadline_seconds: Seconds = Field(
         default=20.0, description="End-to-end latency target of deadline requests."
     )
@@ -73,7 +82,9 @@ class SLODefaults(_Model):
         default=120.0,
         description="Deadline given to requests without an SLO, so they never starve.",
     )
-    classes: list[SLOClass] = Field(default_factory=list, max_length=64)
+    classes: list[SLOClass] = Field(
+        default_factory=list, max_length=64, description="Named SLO classes requests can ask for."
+    )
     default_class: DNSLabel | None = Field(
         default=None,
         description=(
@@ -124,12 +135,19 @@ class CutoffMode(StrEnum):
 class CutoffSettings(_Model):
     """GMAX's priority cutoff ``p``: candidates keep priority >= p x the B-th best."""
 
-    mode: CutoffMode = CutoffMode.AUTO
+    mode: CutoffMode = Field(
+        default=CutoffMode.AUTO,
+        description="fixed: p = value; auto: p adapts online among candidates toward the "
+        "value that maximises measured goodput.",
+    )
     value: float = Field(
         default=0.95, gt=0, le=1, description="p when mode is fixed; the starting point when auto."
     )
     candidates: list[Annotated[float, Field(gt=0, le=1)]] = Field(
-        default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95, 1.0], min_length=1, max_length=16
+        default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95, 1.0],
+        min_length=1,
+        max_length=16,
+        description="Values of p auto mode explores.",
     )
     epoch_frames: int = Field(
         default=20, ge=1, le=10000, description="Frames per exploration epoch in auto mode."
@@ -137,8 +155,12 @@ class CutoffSettings(_Model):
 
 
 class PreemptionSettings(_Model):
-    enabled: bool = True
-    max_per_frame: int = Field(default=8, ge=0, le=1024)
+    """Preemption at frame boundaries (abort in vLLM, resume later as a continuation)."""
+
+    enabled: bool = Field(default=True, description="Allow preempting running requests.")
+    max_per_frame: int = Field(
+        default=8, ge=0, le=1024, description="At most this many preemptions per frame."
+    )
     cost_factor: float = Field(
         default=1.0,
         ge=0,
@@ -148,10 +170,14 @@ class PreemptionSettings(_Model):
 
 
 class SchedulerSettings(_Model):
+    """The GMAX scheduler's knobs."""
+
     policy: str = Field(
         default="gmax", pattern=r"^[a-z][a-z0-9-]*$", description="gmax or a baseline name."
     )
-    cutoff: CutoffSettings = CutoffSettings()
+    cutoff: CutoffSettings = Field(
+        default=CutoffSettings(), description="GMAX's priority cutoff p (fixed or auto)."
+    )
     frame_steps: int = Field(
         default=50, ge=1, le=10000, description="Decode steps per scheduling frame."
     )
@@ -164,7 +190,9 @@ class SchedulerSettings(_Model):
             " as a fraction of the median priority."
         ),
     )
-    length_quantile: float = Field(default=0.95, gt=0, lt=1)
+    length_quantile: float = Field(
+        default=0.95, gt=0, lt=1, description="Quantile q of the output-length upper bound."
+    )
     refine_every: int = Field(
         default=50, ge=1, le=100000, description="Refine the length bound every N generated tokens."
     )
@@ -174,12 +202,16 @@ class SchedulerSettings(_Model):
     soft_penalty: float = Field(
         default=1.0, ge=0, le=16, description="Exponent of the lateness discount."
     )
-    preemption: PreemptionSettings = PreemptionSettings()
+    preemption: PreemptionSettings = Field(
+        default=PreemptionSettings(), description="When running requests may be preempted."
+    )
 
 
 class TenantSpec(_Model):
-    name: DNSLabel
-    weight: float = Field(default=1.0, gt=0, le=1000)
+    """A tenant and its weighted fair share."""
+
+    name: DNSLabel = Field(description="Tenant name (label of its metrics).")
+    weight: float = Field(default=1.0, gt=0, le=1000, description="Relative share of service.")
     api_key_secret: str | None = Field(
         default=None, description="Name of a Secret whose key 'api-key' identifies this tenant."
     )
@@ -190,10 +222,16 @@ class TenantSpec(_Model):
 
 
 class FairnessSettings(_Model):
+    """Weighted fairness between tenants, blended into GMAX's priority with weight f."""
+
     weight: float = Field(
         default=0.0, ge=0, le=1, description="f: 0 = pure goodput, 1 = pure fair share."
     )
-    tenants: list[TenantSpec] = Field(default_factory=list, max_length=1000)
+    tenants: list[TenantSpec] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="Tenants with their weights; unknown tenants weigh 1.",
+    )
     window_seconds: Seconds = Field(
         default=60.0, description="Horizon of the service each tenant received."
     )
@@ -217,38 +255,25 @@ class OverloadAction(StrEnum):
 
 
 class AdmissionSettings(_Model):
+    """Admission and overload control."""
+
     max_waiting_seconds: Seconds = Field(
         default=5.0, description="Requests not scheduled within this are retired (paper section 5)."
     )
-    queue_cap: int = Field(default=4096, ge=1, le=1_000_000)
-    overload_action: OverloadAction = OverloadAction.DROP
-
-
-Quantity = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=64,
-        pattern=r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]i?|Ki)?$",
-        description="A Kubernetes quantity, e.g. 500m, 4, 32Gi.",
-    ),
-]
-EnvName = Annotated[
-    str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-]
+    queue_cap: int = Field(
+        default=4096, ge=1, le=1_000_000, description="Requests beyond this queue get HTTP 429."
+    )
+    overload_action: OverloadAction = Field(
+        default=OverloadAction.DROP,
+        description="A request whose deadline is out of reach: drop it (HTTP 503, "
+        "slo_unreachable) or demote it to best effort.",
+    )
 
 
 class PullPolicy(StrEnum):
     ALWAYS = "Always"
     IF_NOT_PRESENT = "IfNotPresent"
     NEVER = "Never"
-
-
-class EnvVar(_Model):
-    """A plain environment variable of the vLLM container."""
-
-    name: EnvName
-    value: str = ""
 
 
 class ModelSpec(_Model):
@@ -269,8 +294,10 @@ class ModelSpec(_Model):
     gpus: int = Field(
         default=1, ge=0, le=16, description="GPUs per replica (limits of gpuResource)."
     )
-    cpu: Quantity = "4"
-    memory: Quantity = "32Gi"
+    cpu: Quantity = Field(default="4", description="CPU of the vLLM container (request = limit).")
+    memory: Quantity = Field(
+        default="32Gi", description="Memory of the vLLM container (request = limit)."
+    )
     gpu_resource: str = Field(
         default="nvidia.com/gpu",
         min_length=1,
@@ -278,8 +305,21 @@ class ModelSpec(_Model):
         pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
         description="Extended resource name of the accelerator.",
     )
-    image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
-    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    image_pull_policy: PullPolicy = Field(
+        default=PullPolicy.IF_NOT_PRESENT, description="Always, IfNotPresent or Never."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Environment of the vLLM container: values or valueFrom references.",
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=64, description="Mounts of pod.volumes in vLLM."
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="A persistent model cache (PVC at /cache, HF_HOME); absent = emptyDir.",
+    )
     port: int = Field(default=8000, ge=1024, le=65535, description="vLLM's port inside the pod.")
     shm_size: Quantity = Field(default="2Gi", description="Size of the /dev/shm memory volume.")
     startup_seconds: int = Field(
@@ -296,11 +336,13 @@ class SidecarSpec(_Model):
     port: int = Field(
         default=8080, ge=1024, le=65535, description="Sidecar HTTP port (API and /metrics)."
     )
-    cpu: Quantity = "1"
-    memory: Quantity = "1Gi"
+    cpu: Quantity = Field(default="1", description="CPU of the sidecar (request = limit).")
+    memory: Quantity = Field(default="1Gi", description="Memory of the sidecar (request = limit).")
 
 
 class IngressSpec(_Model):
+    """An Ingress in front of the policy's Service."""
+
     host: str | None = Field(
         default=None,
         max_length=253,
@@ -311,22 +353,57 @@ class IngressSpec(_Model):
     tls_secret: str | None = Field(
         default=None, max_length=253, description="Secret holding the TLS certificate (needs host)."
     )
-    path: str = Field(default="/", min_length=1, max_length=1024, pattern=r"^/")
-    annotations: dict[str, str] = Field(default_factory=dict)
+    path: str = Field(
+        default="/", min_length=1, max_length=1024, pattern=r"^/", description="Path prefix."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations of the Ingress (controller settings)."
+    )
+
+
+class ReportingSettings(_Model):
+    """How the operator reports SLO attainment in the status."""
+
+    attainment_window_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="Window of status.recentAttainment (the printer column): requests "
+        "finished in the last N seconds, so the effect of tuning p or f shows within N s.",
+    )
 
 
 class SLOPolicySpec(_Model):
     """``spec`` of the ``SLOPolicy`` custom resource and the sidecar's config file."""
 
-    objective: Objective = Objective.TOKENS
-    slo_defaults: SLODefaults = SLODefaults()
-    scheduler: SchedulerSettings = SchedulerSettings()
-    fairness: FairnessSettings = FairnessSettings()
-    admission: AdmissionSettings = AdmissionSettings()
-    model: ModelSpec = ModelSpec()
-    sidecar: SidecarSpec = SidecarSpec()
-    replicas: int = Field(default=1, ge=0, le=1000)
-    ingress: IngressSpec | None = None
+    objective: Objective = Field(
+        default=Objective.TOKENS,
+        description="What goodput counts: tokens (that met their SLO) or requests.",
+    )
+    slo_defaults: SLODefaults = Field(
+        default=SLODefaults(), description="SLOs of requests that carry none; SLO classes."
+    )
+    scheduler: SchedulerSettings = Field(
+        default=SchedulerSettings(), description="GMAX: cutoff p, frame, aging, preemption."
+    )
+    fairness: FairnessSettings = Field(
+        default=FairnessSettings(), description="Fairness weight f and tenants' weights."
+    )
+    admission: AdmissionSettings = Field(
+        default=AdmissionSettings(), description="Waiting limit, queue cap, overload action."
+    )
+    model: ModelSpec = Field(default=ModelSpec(), description="The model and its vLLM container.")
+    sidecar: SidecarSpec = Field(default=SidecarSpec(), description="The scheduler sidecar.")
+    pod: PodSettings = Field(
+        default=PodSettings(), description="Scheduling, pull Secrets, volumes of the pods."
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods (scale subresource).")
+    ingress: IngressSpec | None = Field(
+        default=None, description="An Ingress to the Service; absent = none."
+    )
+    reporting: ReportingSettings = Field(
+        default=ReportingSettings(), description="How attainment is reported in the status."
+    )
 
     def cross_field_problems(self) -> list[str]:
         """Rules the CRD's OpenAPI schema cannot express, each naming its field (wire path)."""
@@ -355,6 +432,9 @@ class SLOPolicySpec(_Model):
             )
         if self.ingress is not None and self.ingress.tls_secret and not self.ingress.host:
             problems.append("ingress.tlsSecret: TLS needs ingress.host")
+        problems += pod_problems(
+            self.model.env, self.model.volume_mounts, self.pod, self.model.cache
+        )
         return problems
 
 
@@ -367,12 +447,21 @@ class ConditionType(StrEnum):
 class Condition(_Model):
     """A Kubernetes-style status condition."""
 
-    type: ConditionType
-    status: str = Field(pattern=r"^(True|False|Unknown)$")
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: str
-    observed_generation: int | None = Field(default=None, ge=0)
+    type: ConditionType = Field(description="Ready, Progressing or Degraded.")
+    status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        max_length=1024,
+        description="Why, in one CamelCase word (e.g. InvalidSpec, RollingOut).",
+    )
+    message: str = Field(default="", max_length=32768, description="Details for humans.")
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed for."
+    )
 
 
 Fraction = Annotated[float, Field(ge=0, le=1)]
@@ -381,32 +470,61 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 class Attainment(_Model):
     """SLO attainment (met / (met + missed + retired)) per request kind, from the sidecars."""
 
-    latency: Fraction | None = None
-    deadline: Fraction | None = None
-    compound: Fraction | None = None
-    best_effort: Fraction | None = None
-    overall: Fraction | None = None
+    latency: Fraction | None = Field(default=None, description="Latency (TTFT/TBT) requests.")
+    deadline: Fraction | None = Field(default=None, description="Deadline requests.")
+    compound: Fraction | None = Field(default=None, description="Compound program requests.")
+    best_effort: Fraction | None = Field(default=None, description="Requests without an SLO.")
+    overall: Fraction | None = Field(default=None, description="All requests together.")
 
 
 class SLOPolicyStatus(_Model):
     """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
 
-    observed_generation: int | None = Field(default=None, ge=0)
-    conditions: list[Condition] = Field(default_factory=list)
-    replicas: int = Field(default=0, ge=0)
-    ready_replicas: int = Field(default=0, ge=0)
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the operator last acted on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing and Degraded, one of each.",
+    )
+    replicas: int = Field(default=0, ge=0, description="Desired serving pods.")
+    ready_replicas: int = Field(default=0, ge=0, description="Serving pods that are ready.")
     selector: str | None = Field(
         default=None, description="Label selector of the serving pods (scale subresource)."
     )
     effective_cutoff: float | None = Field(
         default=None, ge=0, le=1, description="Mean p the sidecars use now."
     )
-    attainment: Attainment | None = None
-    goodput_tokens_per_second: float | None = Field(default=None, ge=0)
+    attainment: Attainment | None = Field(
+        default=None,
+        description="Lifetime SLO attainment: every request since the serving pods started.",
+    )
+    recent_attainment: Attainment | None = Field(
+        default=None,
+        description="SLO attainment over the last spec.reporting.attainmentWindowSeconds "
+        "(the Attainment column): shows the effect of tuning p or f within that window.",
+    )
+    recent_window_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds of history behind recentAttainment: the window, or less while "
+        "the operator has watched the pods for less than that.",
+    )
+    recent_requests: int | None = Field(
+        default=None, ge=0, description="Requests counted in recentAttainment."
+    )
+    goodput_tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Goodput tokens/s between the last two scrapes."
+    )
     scraped_pods: int = Field(
         default=0, ge=0, description="Sidecar metrics endpoints read in the last scrape."
     )
-    last_scrape_time: str | None = None
+    last_scrape_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the sidecars were last read (RFC 3339).",
+    )
 
 
 class PolicyError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from live_stack import live_vllm  # noqa: F401 (fixture)
 from operator_support import (  # noqa: F401 (fixtures)
     MEASURED,
     admin,
@@ -10,6 +11,7 @@ from operator_support import (  # noqa: F401 (fixtures)
     operator_kubeconfig,
     operator_log,
     session_operator,
+    webhook,
 )
 
 

@@ -3,7 +3,8 @@
 ``JITSERVE_E2E_KUBECONFIG=/path/kubeconfig``: use that cluster (kind, k3s, a cloud), as an
 admin; nothing is started. Otherwise start etcd, kube-apiserver and kube-controller-manager
 1.20.2 on loopback (built by scripts/setup-k8s.sh into
-``${JITSERVE_CACHE:-~/.cache/jitserve}/k8s-v1.20.2-p2/bin``), write an admin kubeconfig, and
+``${JITSERVE_CACHE:-~/.cache/jitserve}/k8s-v1.20.2-p2/bin``, with the kubectl the kubectl
+tests use), write an admin kubeconfig, and
 stop and delete everything at the end. There is no kubelet: pods stay Pending, so tests that
 need running pods patch their status the way a kubelet would, and say so.
 """

@@ -1,8 +1,9 @@
 """An in-memory stand-in for the API server, enough for the reconciler's unit tests.
 
 Like the real server it assigns uid/resourceVersion/generation, adds a few defaults the
-reconciler must tolerate (so "unchanged" is judged the way it is against a cluster), and
-does not bump resourceVersion for an update that changes nothing.
+reconciler must tolerate (so "unchanged" is judged the way it is against a cluster), does
+not bump resourceVersion for an update that changes nothing, and emulates server-side
+apply's removal of fields the manager applied before and no longer applies.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str, str], JSON] = {}
         self.writes: list[str] = []
         self.fail_kinds: set[str] = set()
+        self.applied: dict[tuple[str, str, str, str], JSON] = {}
 
     @staticmethod
     def _key(obj: JSON) -> tuple[str, str, str, str]:
@@ -87,24 +89,26 @@ class FakeKube:
         self.writes.append(f"create {obj['kind']}")
         return self.add(obj)
 
-    def replace(self, obj: JSON) -> JSON:
+    def apply(self, obj: JSON) -> JSON:
+        """Server-side apply, simplified: our fields overwrite (lists whole), fields we
+        applied last time and dropped now are removed, others' fields stay."""
         self._check(obj["kind"])
         key = self._key(obj)
+        desired = copy.deepcopy(obj)
         live = self.objects.get(key)
+        self.writes.append(f"apply {obj['kind']}")
+        previous = self.applied.get(key, {})
+        self.applied[key] = copy.deepcopy(desired)
         if live is None:
-            raise KubeError(404, "not found")
-        new = copy.deepcopy(obj)
-        new["metadata"]["uid"] = live["metadata"]["uid"]
+            return self.add(desired)
+        new = copy.deepcopy(live)
+        _remove_dropped(new, previous, desired)
+        _merge(new, desired)
         _server_defaults(new)
-        new["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        new["metadata"]["generation"] = live["metadata"].get("generation", 1)
-        if "status" in live:
-            new["status"] = live["status"]
         if new != live:
             if new.get("spec") != live.get("spec"):
-                new["metadata"]["generation"] += 1
+                new["metadata"]["generation"] = live["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = str(next(_counter))
-        self.writes.append(f"replace {obj['kind']}")
         self.objects[key] = new
         return copy.deepcopy(new)
 
@@ -141,3 +145,16 @@ def _merge(target: JSON, patch: JSON) -> None:
             _merge(target[key], value)
         else:
             target[key] = value
+
+
+def _remove_dropped(target: JSON, previous: JSON, desired: JSON) -> None:
+    """Remove from ``target`` the keys ``previous`` had and ``desired`` no longer has."""
+    for key, value in previous.items():
+        if key not in desired:
+            target.pop(key, None)
+        elif (
+            isinstance(value, dict)
+            and isinstance(desired[key], dict)
+            and isinstance(target.get(key), dict)
+        ):
+            _remove_dropped(target[key], value, desired[key])

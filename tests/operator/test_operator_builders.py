@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import yaml
 
+from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.policy import SLOPolicySpec, load_policy
@@ -119,7 +120,7 @@ def test_no_ingress_without_an_ingress_section() -> None:
 
 def test_analyzer_is_owned_by_every_policy_and_controlled_by_none() -> None:
     owners = [b.PolicyRef("b", "ns", "u2"), b.PolicyRef("a", "ns", "u1")]
-    objs = b.build_analyzer_children("ns", owners, SETTINGS)
+    objs = ab.build_analyzer_children("ns", owners, SETTINGS)
     assert [o["kind"] for o in objs] == ["PersistentVolumeClaim", "Service", "Deployment"]
     for obj in objs:
         refs = obj["metadata"]["ownerReferences"]

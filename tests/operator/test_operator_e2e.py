@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,11 @@ import pytest
 import yaml
 from operator_support import (
     MEASURED,
-    RUN,
+    OTHER_NAMESPACES,
     SESSION_NAMESPACES,
     OperatorProcess,
     ensure_namespace,
+    mark_pods_running,
     wait_for,
 )
 from prometheus_client import start_http_server
@@ -29,12 +29,12 @@ from prometheus_client import start_http_server
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
-from jitserve.operator.reconcile import is_subset
+from jitserve.operator.reconcile import APPLIED_HASH, is_subset
 from jitserve.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-NS_EX, NS_TUNE, NS_INVALID, NS_DELETE, NS_METRICS, NS_DRIFT = SESSION_NAMESPACES
+NS_EX, NS_TUNE, NS_INVALID, NS_DELETE, NS_METRICS, NS_DRIFT = SESSION_NAMESPACES[:6]
 SETTINGS = b.OperatorSettings(sidecar_image="jitserve/sidecar:e2e")
 
 
@@ -60,6 +60,7 @@ def children(kube: RestKube, ns: str, name: str) -> dict[str, dict[str, Any] | N
         "Service": kube.get("v1", "Service", ns, name),
         "Deployment": kube.get("apps/v1", "Deployment", ns, name),
         "Ingress": kube.get("networking.k8s.io/v1", "Ingress", ns, name),
+        "PersistentVolumeClaim": kube.get("v1", "PersistentVolumeClaim", ns, f"{name}-model-cache"),
     }
 
 
@@ -78,42 +79,21 @@ def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
-def wait_children(kube: RestKube, ns: str, name: str, ingress: bool) -> dict[str, Any]:
+def wait_children(
+    kube: RestKube, ns: str, name: str, ingress: bool, cache: bool = False
+) -> dict[str, Any]:
     def present() -> dict[str, Any] | None:
         found = children(kube, ns, name)
         if not ingress:
             found.pop("Ingress")
+        if not cache:
+            found.pop("PersistentVolumeClaim")
         return found if all(found.values()) else None
 
     found: dict[str, Any] = wait_for(
         f"children of {ns}/{name}", present, timeout_s=60, every_s=0.05
     )
     return found
-
-
-def mark_pods_running(kube: RestKube, ns: str, name: str, pod_ip: str = "127.0.0.1") -> int:
-    """What the kubelet would do: the policy's pods become Running and Ready with an IP."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pods = kube.list("v1", "Pod", ns, b.selector_string(name))
-    for pod in pods:
-        conds = [
-            {"type": t, "status": "True", "lastTransitionTime": now}
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ]
-        status = {
-            "phase": "Running",
-            "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}],
-            "startTime": now,
-            "conditions": conds,
-        }
-        kube.request(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/status",
-            {"status": status},
-            "application/merge-patch+json",
-        )
-    return len(pods)
 
 
 def replica_sets(kube: RestKube, ns: str, name: str) -> list[dict[str, Any]]:
@@ -155,7 +135,8 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     start = time.monotonic()
     created = admin.create(doc)
     has_ingress = "ingress" in doc["spec"]
-    found = wait_children(admin, NS_EX, name, has_ingress)
+    has_cache = "cache" in doc["spec"]["model"]
+    found = wait_children(admin, NS_EX, name, has_ingress, has_cache)
     MEASURED[f"reconcile_latency_s[{name}] (apply -> children created)"] = time.monotonic() - start
 
     # Children have the expected spec: what the pure builders make from this spec.
@@ -372,7 +353,11 @@ def test_deleting_policies_removes_children_and_the_last_one_the_analyzer(
     assert all(v is not None for v in analyzer(admin, NS_DELETE).values()), (
         "analyzer went too early"
     )
-    assert all(v is not None for k, v in children(admin, NS_DELETE, "second").items())
+    assert all(
+        v is not None
+        for k, v in children(admin, NS_DELETE, "second").items()
+        if k != "PersistentVolumeClaim"  # no model cache in this spec
+    )
 
     admin.delete(c.API_VERSION, c.KIND, NS_DELETE, "second")
 
@@ -485,6 +470,7 @@ def _normalized(obj: dict[str, Any] | None) -> dict[str, Any]:
     for ref in meta.get("ownerReferences") or []:
         ref.pop("uid", None)
     meta.get("annotations", {}).pop("deployment.kubernetes.io/revision", None)
+    meta.get("annotations", {}).pop(APPLIED_HASH, None)  # hashes the namespace too
     obj.pop("status", None)
     spec = obj.get("spec") or {}
     for key in ("clusterIP", "clusterIPs"):
@@ -495,8 +481,7 @@ def _normalized(obj: dict[str, Any] | None) -> dict[str, Any]:
     )
 
 
-NS_RESTART = f"e2e-{RUN}-restart"
-NS_REFERENCE = f"e2e-{RUN}-reference"
+NS_RESTART, NS_REFERENCE = OTHER_NAMESPACES
 
 
 def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(
@@ -535,8 +520,16 @@ def test_operator_killed_mid_reconcile_converges_to_the_uninterrupted_state(
         wait_children(admin, NS_RESTART, "svc", ingress=True)
         wait_for("analyzer after restart", lambda: all(analyzer(admin, NS_RESTART).values()))
         time.sleep(2)
-        got = {k: _normalized(v) for k, v in children(admin, NS_RESTART, "svc").items()}
-        want = {k: _normalized(v) for k, v in children(admin, NS_REFERENCE, "svc").items()}
+        got = {
+            k: _normalized(v)
+            for k, v in children(admin, NS_RESTART, "svc").items()
+            if v is not None
+        }
+        want = {
+            k: _normalized(v)
+            for k, v in children(admin, NS_REFERENCE, "svc").items()
+            if v is not None
+        }
         for kind in want:
             got[kind]["metadata"].pop("generation", None)
             want[kind]["metadata"].pop("generation", None)
@@ -638,3 +631,54 @@ def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_null_for_an_optional_section_is_pruned_by_the_api_server(admin: RestKube) -> None:
+    """The CRD has no `nullable` (kubectl explain would lose those fields): the API server
+    drops a null before defaulting, so `ingress: null` means "no ingress"."""
+    ensure_namespace(admin, NS_INVALID)
+    created = admin.create(policy("nulls", NS_INVALID, {"ingress": None, "model": {"cache": None}}))
+    assert "ingress" not in created["spec"] and "cache" not in created["spec"]["model"]
+    assert load_policy(created["spec"]).ingress is None
+
+
+def test_fields_dropped_from_the_spec_leave_the_children(
+    admin: RestKube, session_operator: OperatorProcess
+) -> None:
+    """Server-side apply against the real API server: an Ingress annotation and a
+    toleration removed from the policy disappear from the children; an annotation someone
+    else put on the Ingress stays."""
+    name = "dropped"
+    spec = {
+        "ingress": {"host": "dropped.example.com", "annotations": {"keep": "1", "drop": "2"}},
+        "pod": {"tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    }
+    admin.create(policy(name, NS_DRIFT, spec))
+    wait_children(admin, NS_DRIFT, name, ingress=True)
+    admin.merge_patch(
+        "networking.k8s.io/v1",
+        "Ingress",
+        NS_DRIFT,
+        name,
+        {"metadata": {"annotations": {"someone-else": "x"}}},
+    )
+    merge_patch_policy(
+        admin,
+        NS_DRIFT,
+        name,
+        {"spec": {"ingress": {"annotations": {"drop": None}}, "pod": {"tolerations": None}}},
+    )
+
+    def converged() -> bool:
+        ingress = admin.get("networking.k8s.io/v1", "Ingress", NS_DRIFT, name) or {}
+        annotations = ingress.get("metadata", {}).get("annotations") or {}
+        deployment = admin.get("apps/v1", "Deployment", NS_DRIFT, name) or {}
+        pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
+        return (
+            "drop" not in annotations
+            and annotations.get("keep") == "1"
+            and annotations.get("someone-else") == "x"
+            and "tolerations" not in pod
+        )
+
+    wait_for("the dropped annotation and toleration gone", converged)

@@ -69,8 +69,8 @@ def test_drift_is_corrected() -> None:
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     assert sorted(out.writes) == sorted(
         [
-            f"replace ConfigMap {NS}/chat-config",
-            f"replace Deployment {NS}/chat",
+            f"apply ConfigMap {NS}/chat-config",
+            f"apply Deployment {NS}/chat",
             f"create Service {NS}/chat",
         ]
     )
@@ -90,7 +90,7 @@ def test_tuning_p_and_f_rewrites_only_the_config_map() -> None:
         "fairness": {"weight": 0.4},
     }
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
-    assert out.writes == [f"replace ConfigMap {NS}/chat-config"]
+    assert out.writes == [f"apply ConfigMap {NS}/chat-config"]
     assert (
         kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"] == template_before
     )
@@ -122,7 +122,7 @@ def test_removing_the_ingress_section_deletes_the_ingress() -> None:
     kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = {}
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     # The ConfigMap is the whole spec (the sidecar's config file), so it changes too.
-    assert out.writes == [f"replace ConfigMap {NS}/chat-config", f"delete Ingress {NS}/chat"]
+    assert out.writes == [f"apply ConfigMap {NS}/chat-config", f"delete Ingress {NS}/chat"]
 
 
 def test_analyzer_owned_by_all_policies_in_the_namespace() -> None:
@@ -260,3 +260,40 @@ def test_controller_resync_reconciles_known_policies_and_forgets_deleted_ones() 
     thread.join(timeout=5)
     assert ("apps/v1", "Deployment", NS, "chat") in kube.objects
     assert controller.known() == [(NS, "chat")]
+
+
+def test_server_side_apply_removes_what_the_policy_no_longer_sets() -> None:
+    """A dropped Ingress annotation or toleration goes away (hand diffs kept them)."""
+    kube = FakeKube()
+    policy(
+        kube,
+        "chat",
+        {
+            "ingress": {"host": "chat.example.com", "annotations": {"a": "1", "b": "2"}},
+            "pod": {"tolerations": [{"key": "gpu", "operator": "Exists"}]},
+        },
+    )
+    reconcile(kube, fresh(kube, "chat"), SETTINGS)
+    ingress = kube.objects[("networking.k8s.io/v1", "Ingress", NS, "chat")]
+    ingress["metadata"]["annotations"]["someone-else"] = "keep"  # not ours: stays
+    kube.merge_patch(
+        c.API_VERSION,
+        c.KIND,
+        NS,
+        "chat",
+        {"spec": {"ingress": {"annotations": {"b": None}}, "pod": {"tolerations": None}}},
+    )
+    out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
+    assert sorted(out.writes) == [
+        f"apply ConfigMap {NS}/chat-config",  # the sidecar's copy of the spec
+        f"apply Deployment {NS}/chat",
+        f"apply Ingress {NS}/chat",
+    ]
+    annotations = kube.objects[("networking.k8s.io/v1", "Ingress", NS, "chat")]["metadata"][
+        "annotations"
+    ]
+    assert annotations["a"] == "1" and "b" not in annotations
+    assert annotations["someone-else"] == "keep"
+    pod = kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"]["spec"]
+    assert "tolerations" not in pod
+    assert reconcile(kube, fresh(kube, "chat"), SETTINGS).writes == []

@@ -142,3 +142,101 @@ def test_status_patch_is_none_when_nothing_changed() -> None:
     assert st.status_patch(status, dict(status)) is None
     assert st.status_patch(status, {"a": 1, "b": {"c": 3}}) == {"b": {"c": 3}}
     assert st.status_patch(status, {"a": 1}) == {"b": None}
+
+
+def _outcomes(met: float, missed: float) -> dict[tuple[str, str], float]:
+    return {("latency", "met"): met, ("latency", "missed"): missed}
+
+
+def test_recent_window_counts_only_the_last_seconds() -> None:
+    """Lifetime counters of two pods; the window sees what happened in the last 10 s."""
+    history = st.OutcomeHistory()
+    history.add(0.0, {"pod-a": _outcomes(100, 0)}, window_s=10)
+    assert history.recent() == ({}, 0.0)  # one scrape: nothing to difference yet
+    history.add(5.0, {"pod-a": _outcomes(110, 0)}, window_s=10)
+    history.add(10.0, {"pod-a": _outcomes(120, 0)}, window_s=10)
+    # p was tuned at t=10: from then on, every other request misses.
+    history.add(15.0, {"pod-a": _outcomes(125, 5)}, window_s=10)
+    history.add(20.0, {"pod-a": _outcomes(130, 10)}, window_s=10)
+    totals, span = history.recent()
+    assert span == 10.0
+    assert totals == _outcomes(10, 10)
+    recent = st.attainment_of(totals)
+    assert recent is not None and recent.overall == 0.5 and recent.latency == 0.5
+    lifetime = st.attainment([st.SidecarSample(outcomes=_outcomes(130, 10))])
+    assert lifetime is not None and lifetime.overall == round(130 / 140, 4)
+    # Only the baseline (the newest scrape at least 10 s old) and later ones are kept.
+    assert [t for t, _ in history.snapshots] == [10.0, 15.0, 20.0]
+
+
+def test_recent_window_new_pod_and_restarted_pod() -> None:
+    history = st.OutcomeHistory()
+    history.add(0.0, {"a": _outcomes(50, 0)}, window_s=30)
+    history.add(5.0, {"a": _outcomes(60, 0), "b": _outcomes(3, 1)}, window_s=30)
+    # "b" is counted from its first scrape; "a" restarted (its counters went down).
+    history.add(10.0, {"a": _outcomes(2, 2), "b": _outcomes(5, 1)}, window_s=30)
+    totals, span = history.recent()
+    assert span == 10.0
+    assert totals == _outcomes(2 + 2, 2 + 0)
+    assert st.counted_requests(totals) == 6
+
+
+def test_status_carries_recent_beside_lifetime_attainment() -> None:
+    sample = st.SidecarSample(outcomes=_outcomes(90, 10))
+    status = st.build_status(
+        old_status={},
+        generation=1,
+        problems=[],
+        errors=[],
+        deployment=None,
+        selector="x=y",
+        samples=[sample],
+        goodput_per_s=None,
+        now="2025-01-01T00:00:00Z",
+        recent=(_outcomes(1, 3), 299.6),
+    )
+    assert status["attainment"]["overall"] == 0.9
+    assert status["recentAttainment"] == {"latency": 0.25, "overall": 0.25}
+    assert status["recentWindowSeconds"] == 300 and status["recentRequests"] == 4
+    # No request finished in the window: no recent figure (an empty column, not a stale one).
+    quiet = st.build_status(
+        old_status=status,
+        generation=1,
+        problems=[],
+        errors=[],
+        deployment=None,
+        selector="x=y",
+        samples=[sample],
+        goodput_per_s=None,
+        now="2025-01-01T00:00:15Z",
+        recent=({}, 300.0),
+    )
+    assert "recentAttainment" not in quiet and quiet["recentRequests"] == 0
+    patch = st.status_patch(status, quiet)
+    assert patch is not None and patch["recentAttainment"] is None
+
+
+def test_operator_metrics_mirror_the_status_and_forget_deleted_policies() -> None:
+    from jitserve.operator.metrics import OperatorMetrics
+
+    m = OperatorMetrics()
+    status = {
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "Degraded", "status": "False"},
+        ],
+        "attainment": {"overall": 0.9},
+        "recentAttainment": {"overall": 0.5},
+    }
+    m.observe_status("team-a", "chat", status)
+    text = generate_latest(m.registry).decode()
+    assert 'jitserve_operator_policy_ready{namespace="team-a",policy="chat"} 1.0' in text
+    assert 'jitserve_operator_policy_degraded{namespace="team-a",policy="chat"} 0.0' in text
+    assert (
+        'jitserve_operator_policy_attainment{namespace="team-a",policy="chat",window="recent"} 0.5'
+        in text
+    )
+    m.observe_status("team-a", "chat", {**status, "recentAttainment": None})
+    assert 'window="recent"' not in generate_latest(m.registry).decode()
+    m.forget("team-a", "chat")
+    assert 'policy="chat"' not in generate_latest(m.registry).decode()

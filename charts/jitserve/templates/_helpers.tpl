@@ -1,8 +1,17 @@
+{{- define "jitserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "jitserve.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -18,8 +27,30 @@
 {{- end -}}
 {{- end -}}
 
+{{- define "jitserve.webhookName" -}}
+{{- printf "%s-webhook" (include "jitserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "jitserve.webhookSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "jitserve.fullname" .) | trunc 63 | trimSuffix "-") .Values.webhook.certSecret -}}
+{{- end -}}
+
+{{/* name:tag of a child image; the tag defaults to the chart's appVersion. */}}
+{{- define "jitserve.childImage" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The namespaces the operator watches (not clusterWide): the list, or the release's. */}}
+{{- define "jitserve.namespaces" -}}
+{{- if .Values.watchNamespaces -}}
+{{- toJson .Values.watchNamespaces -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "jitserve.labels" -}}
-app.kubernetes.io/name: jitserve
+app.kubernetes.io/name: {{ include "jitserve.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -28,12 +59,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "jitserve.selectorLabels" -}}
-app.kubernetes.io/name: jitserve
+app.kubernetes.io/name: {{ include "jitserve.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{/* The operator's permissions: least privilege, the same rules for a ClusterRole or a Role. */}}
+{{/* The operator's permissions: least privilege, the same rules for a ClusterRole or a Role.
+Children are written with server-side apply (PATCH; creating one by apply also needs create). */}}
 {{- define "jitserve.rules" -}}
 # SLOPolicy objects: watch them; patch = kopf's bookkeeping annotations.
 - apiGroups: ["jitserve.io"]
@@ -49,23 +81,20 @@ app.kubernetes.io/component: operator
 # Children: created and kept in shape; deletion is the garbage collector's (ownerReferences).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "update"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
-  verbs: ["get", "list", "watch", "create", "update"]
-- apiGroups: [""]
-  resources: ["persistentvolumeclaims"]
+  resources: ["configmaps", "services", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # The optional Ingress is deleted when spec.ingress is removed.
 - apiGroups: ["networking.k8s.io"]
   resources: ["ingresses"]
-  verbs: ["get", "list", "watch", "create", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Tenants' API keys: read the Secrets named in spec.fairness.tenants[].apiKeySecret, and
 # keep their copy in the policy's "<name>-api-keys" Secret (mounted by the sidecar).
 # No list/watch: key rotation is picked up by the periodic resync.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "update"]
+  verbs: ["get", "create", "patch"]
 # Serving pods: found by label to read each sidecar's /metrics.
 - apiGroups: [""]
   resources: ["pods"]

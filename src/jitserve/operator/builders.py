@@ -1,8 +1,8 @@
 """Pure functions from an ``SLOPolicy`` to each child object (plain dicts, wire format).
 
 Nothing here talks to a cluster. Rules the tests pin down:
-- the pod template depends only on the serving fields (``model``, ``sidecar``) and the
-  operator's images, never on scheduler/fairness/SLO/admission settings, so tuning ``p``
+- the pod template depends only on the serving fields (``model``, ``sidecar``, ``pod``)
+  and the operator's images, never on scheduler/fairness/SLO/admission settings, so tuning ``p``
   or ``f`` changes only the ConfigMap, which the sidecar hot-reloads (no restart);
 - every object carries the same labels and an ownerReference to its policy (the analyzer
   objects: one to every policy in the namespace, so the garbage collector removes them
@@ -61,7 +61,6 @@ class PolicyRef:
 MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
 
 
-
 def pod_hardening() -> dict[str, Any]:
     """Pod-level settings shared by every pod the operator makes: non-root, default
     seccomp, no service-account token, no service environment variables."""
@@ -76,6 +75,7 @@ def pod_hardening() -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
+
 
 def name_problems(name: str) -> list[str]:
     """Child names are DNS labels derived from the policy name."""
@@ -110,6 +110,14 @@ def config_map_name(policy: str) -> str:
 
 def api_keys_secret_name(policy: str) -> str:
     return f"{policy}-api-keys"
+
+
+def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
+    """The claim mounted at /cache: the user's ``existingClaim``, ours, or None (emptyDir)."""
+    cache = spec.model.cache
+    if cache is None:
+        return None
+    return cache.existing_claim or f"{policy}-model-cache"
 
 
 def _meta(ref: PolicyRef, name: str, component: str) -> JSON:
@@ -147,12 +155,12 @@ def build_api_keys_secret(ref: PolicyRef, keys: dict[str, str]) -> JSON:
     }
 
 
-def _resources(cpu: str, memory: str, extra_limits: dict[str, str] | None = None) -> JSON:
+def resources(cpu: str, memory: str, extra_limits: dict[str, str] | None = None) -> JSON:
     limits = {"cpu": cpu, "memory": memory, **(extra_limits or {})}
     return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
 
 
-_CONTAINER_SECURITY = {
+CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
     "runAsNonRoot": True,
@@ -164,9 +172,11 @@ def analyzer_address(namespace: str) -> str:
 
 
 def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSettings) -> JSON:
-    """vLLM + scheduler sidecar. Reads only ``spec.model``, ``spec.sidecar`` and settings."""
+    """vLLM + scheduler sidecar. Reads only ``spec.model``, ``spec.sidecar``, ``spec.pod``
+    and settings."""
     model = spec.model
     side = spec.sidecar
+    pod = spec.pod
     vllm_args = [
         "--model",
         model.name,
@@ -190,10 +200,10 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "HF_HOME", "value": "/cache/huggingface"},
-            *({"name": e.name, "value": e.value} for e in model.env),
+            *(e.to_k8s() for e in model.env),
         ],
         "ports": [{"name": "vllm", "containerPort": model.port, "protocol": "TCP"}],
-        "resources": _resources(model.cpu, model.memory, gpu_limits),
+        "resources": resources(model.cpu, model.memory, gpu_limits),
         # Model loading can take long: the startup probe allows startupSeconds, then
         # liveness takes over. Readiness is the sidecar's (it checks vLLM).
         "startupProbe": {
@@ -207,11 +217,12 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": dict(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "cache", "mountPath": "/cache"},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(m.to_k8s() for m in model.volume_mounts),
         ],
     }
     sidecar: JSON = {
@@ -227,7 +238,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             *("--keys-dir", c.KEYS_DIR),
         ],
         "ports": [{"name": "http", "containerPort": side.port, "protocol": "TCP"}],
-        "resources": _resources(side.cpu, side.memory),
+        "resources": resources(side.cpu, side.memory),
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 5,
@@ -238,7 +249,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
         # A directory mount (not subPath) so the kubelet updates the file in place and
         # the sidecar hot-reloads it.
         "volumeMounts": [
@@ -246,30 +257,53 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             {"name": "api-keys", "mountPath": c.KEYS_DIR, "readOnly": True},
         ],
     }
+    claim = model_cache_claim_name(ref.name, spec)
+    cache: JSON = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    pod_spec: JSON = {
+        **pod_hardening(),
+        "terminationGracePeriodSeconds": 60,
+        "containers": [vllm, sidecar],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
+            {
+                "name": "api-keys",
+                "secret": {"secretName": api_keys_secret_name(ref.name), "optional": True},
+            },
+            {"name": "cache", **cache},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": model.shm_size}},
+            *(v.to_k8s() for v in pod.volumes),
+        ],
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(pod.node_selector.items()))
+    if pod.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in pod.tolerations
+        ]
+    if pod.affinity:
+        pod_spec["affinity"] = pod.affinity
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in pod.image_pull_secrets]
+    if pod.runtime_class_name:
+        pod_spec["runtimeClassName"] = pod.runtime_class_name
+    if pod.priority_class_name:
+        pod_spec["priorityClassName"] = pod.priority_class_name
     return {
         "metadata": {
-            "labels": {**labels(ref.name, "serving"), **selector_labels(ref.name)},
+            "labels": {
+                **dict(sorted(pod.labels.items())),
+                **labels(ref.name, "serving"),
+                **selector_labels(ref.name),
+            },
             "annotations": {
+                **dict(sorted(pod.annotations.items())),
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(side.port),
                 "prometheus.io/path": "/metrics",
             },
         },
-        "spec": {
-            **pod_hardening(),
-            "terminationGracePeriodSeconds": 60,
-            "containers": [vllm, sidecar],
-            "volumes": [
-                {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
-                {
-                    "name": "api-keys",
-                    "secret": {"secretName": api_keys_secret_name(ref.name), "optional": True},
-                },
-                {"name": "cache", "emptyDir": {}},
-                {"name": "tmp", "emptyDir": {}},
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": model.shm_size}},
-            ],
-        },
+        "spec": pod_spec,
     }
 
 
@@ -301,6 +335,25 @@ def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
             "selector": selector_labels(ref.name),
             "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
         },
+    }
+
+
+def build_model_cache_claim(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
+    """The model cache's PersistentVolumeClaim, unless absent or the user's own claim."""
+    cache = spec.model.cache
+    if cache is None or cache.existing_claim:
+        return None
+    claim: JSON = {
+        "accessModes": [cache.access_mode.value],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        claim["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(ref, f"{ref.name}-model-cache", "model-cache"),
+        "spec": claim,
     }
 
 
@@ -345,116 +398,12 @@ def build_policy_children(
     children = [
         build_config_map(ref, spec),
         build_api_keys_secret(ref, keys or {}),
-        build_service(ref, spec),
-        build_deployment(ref, spec, settings),
     ]
+    claim = build_model_cache_claim(ref, spec)
+    if claim is not None:
+        children.append(claim)
+    children += [build_service(ref, spec), build_deployment(ref, spec, settings)]
     ingress = build_ingress(ref, spec)
     if ingress is not None:
         children.append(ingress)
     return children
-
-
-# --- the namespace's shared analyzer ------------------------------------------------------
-
-
-def _analyzer_meta(namespace: str, owners: list[PolicyRef]) -> JSON:
-    return {
-        "name": c.ANALYZER_NAME,
-        "namespace": namespace,
-        "labels": {
-            c.LABEL_NAME: "jitserve",
-            c.LABEL_INSTANCE: c.ANALYZER_NAME,
-            c.LABEL_COMPONENT: "analyzer",
-            c.LABEL_MANAGED_BY: c.MANAGED_BY,
-        },
-        "ownerReferences": [
-            o.owner_reference(controller=False) for o in sorted(owners, key=lambda o: o.uid)
-        ],
-    }
-
-
-def analyzer_selector() -> dict[str, str]:
-    return {c.LABEL_INSTANCE: c.ANALYZER_NAME, c.LABEL_COMPONENT: "analyzer"}
-
-
-def build_analyzer_children(
-    namespace: str, owners: list[PolicyRef], settings: OperatorSettings
-) -> list[JSON]:
-    """PVC (pattern-graph and length history), Deployment and Service of the analyzer.
-
-    Owned by every policy in the namespace, none of them the controller: the garbage
-    collector deletes them only when the last owner is gone.
-    """
-    meta = _analyzer_meta(namespace, owners)
-    pvc_spec: JSON = {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": settings.analyzer_storage}},
-    }
-    if settings.analyzer_storage_class:
-        pvc_spec["storageClassName"] = settings.analyzer_storage_class
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": pvc_spec}
-    container: JSON = {
-        "name": "analyzer",
-        "image": settings.analyzer_image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "args": [
-            *("analyzer", "serve", "--host", "0.0.0.0", "--port", str(c.ANALYZER_PORT)),
-            *("--metrics-port", str(c.ANALYZER_METRICS_PORT)),
-            *("--state-dir", "/var/lib/jitserve-analyzer"),
-        ],
-        "ports": [
-            {"name": "grpc", "containerPort": c.ANALYZER_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": c.ANALYZER_METRICS_PORT, "protocol": "TCP"},
-        ],
-        "resources": _resources("1", "2Gi"),
-        # tcpSocket, not grpc: gRPC probes need Kubernetes 1.24+ (the chart supports 1.20+).
-        # TCP passes before the model is loaded; sidecars fall back to their own bound then.
-        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 20},
-        "securityContext": {**_CONTAINER_SECURITY, "readOnlyRootFilesystem": True},
-        "volumeMounts": [
-            {"name": "state", "mountPath": "/var/lib/jitserve-analyzer"},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta,
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": analyzer_selector()},
-            # One writer of the volume at a time.
-            "strategy": {"type": "Recreate"},
-            "template": {
-                "metadata": {"labels": {**meta["labels"], **analyzer_selector()}},
-                "spec": {
-                    **pod_hardening(),
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "state", "persistentVolumeClaim": {"claimName": c.ANALYZER_NAME}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "type": "ClusterIP",
-            "selector": analyzer_selector(),
-            "ports": [
-                {"name": "grpc", "port": c.ANALYZER_PORT, "targetPort": "grpc", "protocol": "TCP"},
-                {
-                    "name": "metrics",
-                    "port": c.ANALYZER_METRICS_PORT,
-                    "targetPort": "metrics",
-                    "protocol": "TCP",
-                },
-            ],
-        },
-    }
-    return [pvc, service, deployment]

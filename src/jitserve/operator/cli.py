@@ -59,6 +59,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="URL",
         help="serve a liveness endpoint, e.g. http://0.0.0.0:8081/healthz",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("JITSERVE_OPERATOR_METRICS_PORT", "0")),
+        help="serve the operator's Prometheus metrics on this port (0: off)",
+    )
+    p.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint")
+    hook = p.add_argument_group(
+        "validating webhook", "refuse cross-field violations at kubectl apply time"
+    )
+    hook.add_argument(
+        "--webhook-port",
+        type=int,
+        default=int(env("JITSERVE_WEBHOOK_PORT", "0")),
+        help="serve the admission webhook (HTTPS) on this port (0: off)",
+    )
+    hook.add_argument("--webhook-addr", default="0.0.0.0", help="address of the webhook server")
+    hook.add_argument(
+        "--webhook-cert", default=env("JITSERVE_WEBHOOK_CERT"), help="TLS certificate (PEM)"
+    )
+    hook.add_argument(
+        "--webhook-key", default=env("JITSERVE_WEBHOOK_KEY"), help="TLS private key (PEM)"
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler=run)
 
@@ -86,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from jitserve.operator.handlers import Controller, make_registry
+    from jitserve.operator.handlers import Controller, WebhookSettings, make_registry
     from jitserve.operator.kube import ExitAfterWrites, Kube, KubeError, RestKube
+    from jitserve.operator.metrics import OperatorMetrics
 
     try:
         kube: Kube = RestKube.from_environment(args.kubeconfig)
@@ -96,8 +120,20 @@ def run(args: argparse.Namespace) -> int:
     fault = os.environ.get(FAULT_ENV)
     if fault:
         kube = ExitAfterWrites(kube, int(fault))
-    controller = Controller(kube, settings)
-    registry = make_registry(controller)
+    webhook = None
+    if args.webhook_port:
+        if not (args.webhook_cert and args.webhook_key):
+            raise CLIError("--webhook-port needs --webhook-cert and --webhook-key (PEM files)")
+        webhook = WebhookSettings(
+            args.webhook_port, args.webhook_cert, args.webhook_key, args.webhook_addr
+        )
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=metrics.registry)
+    controller = Controller(kube, settings, metrics=metrics)
+    registry = make_registry(controller, webhook)
     namespaces = list(args.namespace)
     try:
         kopf.run(

@@ -1,7 +1,9 @@
 """Generate the ``SLOPolicy`` CustomResourceDefinition from the pydantic model.
 
 Pydantic's JSON schema (draft 2020-12) is not a Kubernetes *structural* schema, so it is
-converted: ``$ref`` inlined, ``anyOf [X, null]`` turned into ``X`` + ``nullable``,
+converted: ``$ref`` inlined, ``anyOf [X, null]`` turned into plain ``X`` (an optional field
+is omitted, and the API server prunes a ``null`` before defaulting; ``nullable: true`` would
+make the published OpenAPI v2 drop the field's type, and ``kubectl explain`` its fields),
 numeric ``exclusiveMinimum`` into OpenAPI v3's boolean form, ``additionalProperties:
 false`` dropped (the API server prunes unknown fields), titles dropped, defaults kept
 (nested objects default to ``{}`` so the API server fills in their own defaults, the
@@ -85,10 +87,8 @@ def _resolve(node: JSON, defs: dict[str, JSON]) -> JSON:
 
 def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) -> JSON:
     node = _resolve(node, defs)
-    nullable = False
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
-        nullable = len(options) < len(node["anyOf"])
         if len(options) != 1:
             raise SchemaError(f"{path or '<root>'}: anyOf with {len(options)} non-null options")
         inner = {k: v for k, v in node.items() if k != "anyOf"}
@@ -102,6 +102,8 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
         raise SchemaError(f"{path or '<root>'}: null type")
 
     out: JSON = {k: node[k] for k in _KEEP if k in node}
+    # Kubernetes extensions a model asks for (e.g. a list-map keyed by `type`).
+    out.update({k: v for k, v in node.items() if k.startswith("x-kubernetes-")})
     if "description" in out:
         out["description"] = " ".join(str(out["description"]).replace("``", "`").split())
     if not out.get("required"):
@@ -116,8 +118,6 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
                 out[bound] = True
     if "const" in node:
         out["enum"] = [node["const"]]
-    if nullable:
-        out["nullable"] = True
 
     kind = node["type"]
     if kind == "object":
@@ -140,7 +140,11 @@ def _convert(node: JSON, defs: dict[str, JSON], *, defaults: bool, path: str) ->
             raise SchemaError(f"{path}: array without items schema")
         item_schema = _convert(items, defs, defaults=defaults, path=f"{path}[]")
         out["items"] = item_schema
-        if item_schema.get("type") == "object" and "name" in item_schema.get("required", []):
+        if (
+            "x-kubernetes-list-type" not in out
+            and item_schema.get("type") == "object"
+            and "name" in item_schema.get("required", [])
+        ):
             out["x-kubernetes-list-type"] = "map"
             out["x-kubernetes-list-map-keys"] = ["name"]
 
@@ -170,8 +174,13 @@ def crd_object() -> JSON:
             "(weight f, tenants) and admission settings."
         ),
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {
+                "type": "string",
+                "description": f"The versioned schema of this object: {c.API_VERSION}.",
+            },
+            "kind": {"type": "string", "description": f"The REST resource: {c.KIND}."},
+            # Only `type` is allowed here: the API server publishes ObjectMeta's own schema
+            # (and its descriptions) for it.
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
@@ -198,7 +207,19 @@ def crd_object() -> JSON:
             "priority": 1,
         },
         {"name": "F", "type": "number", "jsonPath": ".spec.fairness.weight"},
-        {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment.overall"},
+        {
+            "name": "Attainment",
+            "type": "number",
+            "jsonPath": ".status.recentAttainment.overall",
+            "description": "SLO attainment over the last spec.reporting.attainmentWindowSeconds.",
+        },
+        {
+            "name": "Lifetime",
+            "type": "number",
+            "jsonPath": ".status.attainment.overall",
+            "priority": 1,
+            "description": "SLO attainment since the serving pods started.",
+        },
         {
             "name": "Goodput",
             "type": "number",

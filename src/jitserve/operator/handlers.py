@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from jitserve.operator import constants as c
+from jitserve.operator.admission import WEBHOOK_ID, admission_problems
 from jitserve.operator.builders import OperatorSettings
 from jitserve.operator.kube import Kube, KubeError
+from jitserve.operator.metrics import OperatorMetrics
 from jitserve.operator.reconcile import Outcome, Scraper, reconcile
 
 log = logging.getLogger("jitserve.operator")
@@ -27,15 +31,30 @@ CHILDREN = (
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
 
 
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where the validating webhook listens, and its TLS certificate (PEM files)."""
+
+    port: int
+    certfile: str
+    keyfile: str
+    addr: str = "0.0.0.0"
+
+
 class Controller:
     """Serialises reconciles per policy (kopf runs sync handlers in a thread pool)."""
 
     def __init__(
-        self, kube: Kube, settings: OperatorSettings, scraper: Scraper | None = None
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        scraper: Scraper | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.scraper = scraper or Scraper(timeout_s=settings.scrape_timeout_seconds)
+        self.metrics = metrics or OperatorMetrics()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._known: set[tuple[str, str]] = set()
@@ -49,10 +68,35 @@ class Controller:
             body = self.kube.get(c.API_VERSION, c.KIND, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return None
-            out = reconcile(self.kube, body, self.settings, self.scraper if scrape else None)
+            start = time.monotonic()
+            try:
+                out = reconcile(self.kube, body, self.settings, self.scraper if scrape else None)
+            except Exception:
+                self.metrics.reconciles.labels("error").inc()
+                raise
+            self._observe(namespace, name, out, time.monotonic() - start)
         if out.writes:
             log.info("%s/%s: %s", namespace, name, "; ".join(out.writes))
         return out
+
+    def _observe(self, namespace: str, name: str, out: Outcome, seconds: float) -> None:
+        m = self.metrics
+        m.reconcile_seconds.observe(seconds)
+        m.reconciles.labels("invalid" if out.problems else "error" if out.errors else "ok").inc()
+        for write in out.writes:
+            verb, kind = write.split()[:2]
+            m.writes.labels(kind, verb).inc()
+        if out.scrape is not None and out.scrape.failed:
+            m.scrape_failures.inc(out.scrape.failed)
+        m.observe_status(namespace, name, out.status)
+
+    def admit(self, operation: str, body: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """The validating webhook: raise kopf.AdmissionError naming each bad field."""
+        problems = admission_problems(body, old)
+        result = "denied" if problems else "allowed"
+        self.metrics.admissions.labels(operation, result).inc()
+        if problems:
+            raise kopf.AdmissionError("; ".join(problems), code=422)
 
     def owners_changed(self, child: dict[str, Any]) -> None:
         meta = child.get("metadata") or {}
@@ -76,6 +120,7 @@ class Controller:
                 self._known.discard((namespace, name))
         if not present:
             self.forget(namespace, name)
+            self.metrics.forget(namespace, name)
 
     def known(self) -> list[tuple[str, str]]:
         with self._guard:
@@ -98,7 +143,9 @@ def _raise_on_errors(out: Outcome | None) -> None:
         raise kopf.TemporaryError("; ".join(out.errors), delay=5)
 
 
-def make_registry(controller: Controller) -> kopf.OperatorRegistry:
+def make_registry(
+    controller: Controller, webhook: WebhookSettings | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -111,6 +158,15 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
         settings.scanning.disabled = True
         settings.posting.level = logging.WARNING
         settings.execution.max_workers = 8
+        if webhook is not None:
+            # The chart (or the user) owns the ValidatingWebhookConfiguration, not kopf.
+            settings.admission.managed = None
+            settings.admission.server = kopf.WebhookServer(
+                addr=webhook.addr,
+                port=webhook.port,
+                certfile=webhook.certfile,
+                pkeyfile=webhook.keyfile,
+            )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -121,6 +177,16 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.update(*POLICY, registry=registry)
     def policy_changed(namespace: str | None, name: str, **_: Any) -> None:
         _raise_on_errors(controller.reconcile(namespace or "", name))
+
+    if webhook is not None:
+
+        @kopf.on.validate(
+            *POLICY, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry
+        )
+        def validate_policy(body: kopf.Body, **kwargs: Any) -> None:
+            old = kwargs.get("old")
+            operation = str(kwargs.get("operation") or "")
+            controller.admit(operation, dict(body), dict(old) if old is not None else None)
 
     @kopf.on.event(*POLICY, registry=registry)
     def policy_seen(type: str | None, namespace: str | None, name: str, **_: Any) -> None:

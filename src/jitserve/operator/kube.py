@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from typing import Any, Protocol
 
 from jitserve.operator import constants as c
 
 JSON = dict[str, Any]
+APPLY_PATCH = "application/apply-patch+yaml"
 
 # (apiVersion, kind) -> (path prefix, plural)
 RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -46,7 +48,9 @@ class Kube(Protocol):
 
     def create(self, obj: JSON) -> JSON: ...
 
-    def replace(self, obj: JSON) -> JSON: ...
+    def apply(self, obj: JSON) -> JSON:
+        """Server-side apply of ``obj`` as the operator's field manager (forced)."""
+        ...
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: JSON
@@ -113,43 +117,45 @@ class RestKube:
         query: dict[str, str] | None = None,
         accept: str = "application/json",
     ) -> JSON | None:
-        """One API call; JSON out, None for a GET of something absent; KubeError otherwise."""
+        """One API call; JSON out, None for a GET of something absent; KubeError otherwise.
+
+        Uses the client's configuration (server, TLS, token refresh) and its urllib3 pool,
+        which every ``kubernetes`` release has, not the generated ``ApiClient`` call
+        methods, whose signatures changed between releases (``param_serialize`` is 37+)."""
+        configuration = self._api.configuration
         headers = {"Accept": accept, "Content-Type": content_type}
-        query_params = list((query or {}).items())
+        for auth in configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[str(auth["key"])] = str(auth["value"])
+        url = configuration.host.rstrip("/") + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = None if body is None else json.dumps(body)
         try:
-            _, url, header_params, serialized, _ = self._api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query_params,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._api.call_api(
+            response = self._api.rest_client.pool_manager.request(
                 method,
                 url,
-                header_params=header_params,
-                body=serialized,
-                _request_timeout=self._timeout,
+                body=data,
+                headers=headers,
+                timeout=self._timeout,
+                retries=False,
+                preload_content=True,
             )
-            response.read()
             status = int(response.status)
-            data: bytes = response.data or b""
-        except KubeError:
-            raise
+            raw: bytes = response.data or b""
         except Exception as err:  # connection refused, TLS, timeouts
             raise KubeError(0, f"{method} {path}: {err}") from err
         if status == 404 and method == "GET":
             return None
         if status >= 400:
             try:
-                message = str(json.loads(data).get("message", data.decode(errors="replace")))
+                message = str(json.loads(raw).get("message", raw.decode(errors="replace")))
             except ValueError:
-                message = data.decode(errors="replace")
+                message = raw.decode(errors="replace")
             raise KubeError(status, f"{method} {path}: {message}")
-        if not data:
+        if not raw:
             return {}
-        result: JSON = json.loads(data)
+        result: JSON = json.loads(raw)
         return result
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
@@ -172,13 +178,12 @@ class RestKube:
             or {}
         )
 
-    def replace(self, obj: JSON) -> JSON:
+    def apply(self, obj: JSON) -> JSON:
         api_version, kind, namespace, name = _ident(obj)
-        query = {"fieldManager": c.FIELD_MANAGER}
-        return (
-            self.request("PUT", resource_path(api_version, kind, namespace, name), obj, query=query)
-            or {}
-        )
+        query = {"fieldManager": c.FIELD_MANAGER, "force": "true"}
+        path = resource_path(api_version, kind, namespace, name)
+        # JSON is YAML: the body goes as is, with the apply patch content type.
+        return self.request("PATCH", path, obj, APPLY_PATCH, query) or {}
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: JSON
@@ -231,8 +236,8 @@ class ExitAfterWrites:
         self._wrote()
         return result
 
-    def replace(self, obj: JSON) -> JSON:
-        result = self._inner.replace(obj)
+    def apply(self, obj: JSON) -> JSON:
+        result = self._inner.apply(obj)
         self._wrote()
         return result
 

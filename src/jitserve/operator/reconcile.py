@@ -1,16 +1,20 @@
 """Level-based reconciliation of one SLOPolicy: make the children match the spec.
 
-Idempotent by construction: each desired child is compared with the live one
-(:func:`is_subset`: every field we set must be there with the same value; fields the
-API server defaults or others add are ignored) and written only when it differs, so a
-second reconcile of an unchanged policy writes nothing, a child edited by someone else
-is put back, and an operator killed half-way converges on its next run.
+Children are written with server-side apply (field manager ``jitserve-operator``): the
+API server merges our fields, keeps what others own, and removes fields we applied
+before but no longer want (a dropped Ingress annotation, a removed toleration). Each
+applied object carries a hash of what we applied; a child whose live state contains
+every field we set (:func:`is_subset`) and the same hash is left alone, so a second
+reconcile of an unchanged policy writes nothing, a child edited by someone else is put
+back, and an operator killed half-way converges on its next run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator import status as st
@@ -74,6 +79,8 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
     deployment: JSON | None = None
     status_written: bool = False
+    scrape: Scrape | None = None
+    status: JSON = field(default_factory=dict)
 
 
 def spec_problems(body: JSON) -> tuple[SLOPolicySpec | None, list[str]]:
@@ -87,62 +94,42 @@ def spec_problems(body: JSON) -> tuple[SLOPolicySpec | None, list[str]]:
     return (None if problems else spec), problems
 
 
-def _merged_metadata(desired: JSON, live: JSON) -> JSON:
-    meta: JSON = copy.deepcopy(live["metadata"])
-    want = desired["metadata"]
-    meta["labels"] = {**(meta.get("labels") or {}), **want.get("labels", {})}
-    if want.get("annotations"):
-        meta["annotations"] = {**(meta.get("annotations") or {}), **want["annotations"]}
-    meta["ownerReferences"] = want["ownerReferences"]
-    return meta
+APPLIED_HASH = f"{c.GROUP}/applied-hash"
 
 
-def _replacement(desired: JSON, live: JSON) -> JSON:
-    """``desired`` as a full replacement of ``live``: its metadata, server-owned fields kept."""
+def applied_hash(desired: JSON) -> str:
+    """A short digest of an object as the operator applies it."""
+    text = json.dumps(desired, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _keep_claim_spec(desired: JSON, live: JSON) -> JSON:
+    """A claim's spec is immutable once made: apply the live values of the fields we set
+    (so we keep owning them) and only our metadata."""
     obj = copy.deepcopy(desired)
-    obj["metadata"] = _merged_metadata(desired, live)
-    if desired["kind"] == "Service":
-        for key in (
-            "clusterIP",
-            "clusterIPs",
-            "ipFamilies",
-            "ipFamilyPolicy",
-            "healthCheckNodePort",
-        ):
-            if key in live.get("spec", {}):
-                obj["spec"][key] = live["spec"][key]
+    live_spec = live.get("spec") or {}
+    obj["spec"] = {k: copy.deepcopy(live_spec[k]) for k in desired["spec"] if k in live_spec}
+    if "resources" in obj["spec"]:
+        requests = (live_spec.get("resources") or {}).get("requests") or {}
+        obj["spec"]["resources"] = {"requests": {"storage": requests.get("storage")}}
     return obj
 
 
 def ensure(kube: Kube, desired: JSON, out: Outcome) -> JSON:
-    """Create ``desired`` or bring the live object back to it; write only on a difference."""
-    api_version, kind = desired["apiVersion"], desired["kind"]
+    """Server-side apply ``desired`` unless the live object already matches it."""
+    kind = desired["kind"]
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    live = kube.get(api_version, kind, namespace, name)
-    if live is None:
-        try:
-            created = kube.create(desired)
-            out.writes.append(f"create {kind} {namespace}/{name}")
-            return created
-        except KubeError as err:
-            if err.status != 409:
-                raise
-            live = kube.get(api_version, kind, namespace, name)
-            if live is None:
-                raise
-    if kind == "PersistentVolumeClaim":
-        # A claim's spec is immutable once bound: only keep its labels and owners right.
-        want = {"metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences")}}
-        if is_subset(want, live):
-            return live
-        patched = kube.merge_patch(api_version, kind, namespace, name, want)
-        out.writes.append(f"patch {kind} {namespace}/{name}")
-        return patched
-    if is_subset(desired, live):
+    live = kube.get(desired["apiVersion"], kind, namespace, name)
+    if kind == "PersistentVolumeClaim" and live is not None:
+        desired = _keep_claim_spec(desired, live)
+    obj = copy.deepcopy(desired)
+    meta = obj["metadata"]
+    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH: applied_hash(desired)}
+    if live is not None and is_subset(obj, live):
         return live
-    replaced = kube.replace(_replacement(desired, live))
-    out.writes.append(f"replace {kind} {namespace}/{name}")
-    return replaced
+    applied = kube.apply(obj)
+    out.writes.append(f"{'create' if live is None else 'apply'} {kind} {namespace}/{name}")
+    return applied
 
 
 def _policy_ref(body: JSON) -> b.PolicyRef:
@@ -170,7 +157,7 @@ def ensure_analyzer(kube: Kube, namespace: str, settings: b.OperatorSettings, ou
     ]
     if not owners:
         return
-    for obj in b.build_analyzer_children(namespace, owners, settings):
+    for obj in ab.build_analyzer_children(namespace, owners, settings):
         ensure(kube, obj, out)
 
 
@@ -243,30 +230,50 @@ def metrics_targets(kube: Kube, body: JSON, spec_port: int) -> list[str]:
 
 
 @dataclass
+class Scrape:
+    """What one scrape of a policy's sidecars gave."""
+
+    samples: list[st.SidecarSample]
+    goodput_per_s: float | None
+    recent: tuple[st.Outcomes, float]
+    failed: int = 0
+
+
+@dataclass
 class Scraper:
-    """Reads the sidecars' metrics and remembers the last goodput totals per target."""
+    """Reads the sidecars' metrics; remembers the last goodput totals and the outcome
+    history (for attainment over the recent window) per policy."""
 
     fetch: Fetch = http_fetch
     timeout_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     _last: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    _history: dict[str, st.OutcomeHistory] = field(default_factory=dict)
 
-    def scrape(self, key: str, urls: list[str]) -> tuple[list[st.SidecarSample], float | None]:
+    def scrape(self, key: str, urls: list[str], window_s: float = 300.0) -> Scrape:
         samples: list[st.SidecarSample] = []
         totals: dict[str, tuple[float, float]] = {}
+        outcomes: dict[str, st.Outcomes] = {}
+        failed = 0
+        t = self.clock()
         for url in urls:
             try:
                 sample = st.parse_metrics(self.fetch(url, self.timeout_s))
             except (OSError, ValueError):
+                failed += 1
                 continue
             samples.append(sample)
-            totals[url] = (self.clock(), sample.goodput_tokens)
+            totals[url] = (t, sample.goodput_tokens)
+            outcomes[url] = sample.outcomes
         rate = st.goodput_rate(self._last.get(key, {}), totals)
         self._last[key] = totals
-        return samples, rate
+        history = self._history.setdefault(key, st.OutcomeHistory())
+        history.add(t, outcomes, window_s)
+        return Scrape(samples, rate, history.recent(), failed)
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)
+        self._history.pop(key, None)
 
 
 def reconcile(
@@ -279,17 +286,18 @@ def reconcile(
     """Children, then status (written only when it changed). ``scraper``: also read metrics."""
     out = reconcile_children(kube, body, settings)
     ref = _policy_ref(body)
-    samples: list[st.SidecarSample] | None = None
-    rate: float | None = None
+    scrape: Scrape | None = None
     if scraper is not None:
         spec, _ = spec_problems(body)
-        port = spec.sidecar.port if spec is not None else SLOPolicySpec().sidecar.port
+        spec = spec or SLOPolicySpec()
         try:
-            urls = metrics_targets(kube, body, port)
+            urls = metrics_targets(kube, body, spec.sidecar.port)
         except KubeError as err:
             out.errors.append(err.message)
             urls = []
-        samples, rate = scraper.scrape(f"{ref.namespace}/{ref.name}", urls)
+        window = spec.reporting.attainment_window_seconds
+        scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", urls, window)
+        out.scrape = scrape
     old = body.get("status") or {}
     new = st.build_status(
         old_status=old,
@@ -298,10 +306,12 @@ def reconcile(
         errors=out.errors,
         deployment=out.deployment,
         selector=b.selector_string(ref.name),
-        samples=samples,
-        goodput_per_s=rate,
+        samples=None if scrape is None else scrape.samples,
+        goodput_per_s=None if scrape is None else scrape.goodput_per_s,
         now=now or now_iso(),
+        recent=None if scrape is None else scrape.recent,
     )
+    out.status = new
     patch = st.status_patch(old, new)
     if patch is not None:
         kube.patch_status(c.API_VERSION, c.KIND, ref.namespace, ref.name, patch)

@@ -7,6 +7,10 @@ scraped from the sidecars' ``/metrics`` (the sidecar metrics contract):
   met|missed|retired|cancelled|error; attainment per kind = met / (met+missed+retired);
 - ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``: goodput tokens, a counter;
 - ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now.
+
+Attainment is reported twice: ``attainment`` over the pods' lifetime (their counters) and
+``recentAttainment`` over the last ``spec.reporting.attainmentWindowSeconds``, from the
+difference of two scrapes (:class:`OutcomeHistory`), so tuning p or f shows within it.
 """
 
 from __future__ import annotations
@@ -54,22 +58,35 @@ def parse_metrics(text: str) -> SidecarSample:
     return sample
 
 
+Outcomes = dict[tuple[str, str], float]  # (kind, outcome) -> count
+
+
 def attainment(samples: Iterable[SidecarSample]) -> Attainment | None:
     """met / (met + missed + retired) per kind and overall, summed over sidecars."""
-    totals: dict[tuple[str, str], float] = {}
+    totals: Outcomes = {}
     for sample in samples:
         for key, value in sample.outcomes.items():
             totals[key] = totals.get(key, 0.0) + value
-    if not totals:
+    return attainment_of(totals)
+
+
+def counted_requests(totals: Mapping[tuple[str, str], float]) -> int:
+    """Requests that count toward attainment (met, missed, retired)."""
+    return round(sum(v for (_, outcome), v in totals.items() if outcome in _COUNTED))
+
+
+def attainment_of(totals: Mapping[tuple[str, str], float]) -> Attainment | None:
+    """Attainment from summed ``(kind, outcome)`` counts; None when nothing was counted."""
+    if counted_requests(totals) == 0:
         return None
     values: dict[str, float | None] = {}
     all_met = all_counted = 0.0
     for kind, name in _KIND_FIELDS.items():
         met = totals.get((kind, "met"), 0.0)
-        counted = sum(totals.get((kind, o), 0.0) for o in _COUNTED)
-        values[name] = round(met / counted, 4) if counted > 0 else None
+        n = sum(totals.get((kind, o), 0.0) for o in _COUNTED)
+        values[name] = round(met / n, 4) if n > 0 else None
         all_met += met
-        all_counted += counted
+        all_counted += n
     values["overall"] = round(all_met / all_counted, 4) if all_counted > 0 else None
     return Attainment(**values)
 
@@ -94,6 +111,43 @@ def goodput_rate(
         delta = v1 - v0 if v1 >= v0 else v1
         rate += delta / (t1 - t0)
     return round(rate, 3) if seen else None
+
+
+@dataclass
+class OutcomeHistory:
+    """Outcome counters per scrape target over time, for attainment over a recent window.
+
+    The sidecars' counters only grow (they count since the pod started), so the requests
+    of the last ``window`` seconds are the difference between the newest scrape and the
+    newest one at least ``window`` old (or the oldest kept, while the history is younger).
+    A target first seen later is counted from its first scrape; a counter that went down
+    (pod restart) counts from zero.
+    """
+
+    snapshots: list[tuple[float, dict[str, Outcomes]]] = field(default_factory=list)
+
+    def add(self, t: float, per_target: Mapping[str, Outcomes], window_s: float) -> None:
+        self.snapshots.append((t, {k: dict(v) for k, v in per_target.items()}))
+        # Keep the newest snapshot that is at least `window_s` old (the baseline) and later.
+        old = [i for i, (ts, _) in enumerate(self.snapshots) if ts <= t - window_s]
+        if old:
+            del self.snapshots[: old[-1]]
+
+    def recent(self) -> tuple[Outcomes, float]:
+        """Outcome counts since the baseline, summed over targets, and the span covered."""
+        if len(self.snapshots) < 2:
+            return {}, 0.0
+        (t0, base), (t1, now) = self.snapshots[0], self.snapshots[-1]
+        totals: Outcomes = {}
+        for target, counts in now.items():
+            first = base.get(target)
+            if first is None:  # first seen after the baseline: count from its first scrape
+                first = next((snap[target] for _, snap in self.snapshots if target in snap), {})
+            if any(v < first.get(k, 0.0) for k, v in counts.items()):
+                first = {}  # counter reset: the pod restarted
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0.0) + value - first.get(key, 0.0)
+        return totals, t1 - t0
 
 
 def merge_conditions(old: Iterable[Mapping[str, Any]], new: list[Condition]) -> list[Condition]:
@@ -213,8 +267,12 @@ def build_status(
     samples: list[SidecarSample] | None,
     goodput_per_s: float | None,
     now: str,
+    recent: tuple[Outcomes, float] | None = None,
 ) -> JSON:
-    """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics."""
+    """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics.
+
+    ``recent``: outcome counts over the recent window and the seconds it covers
+    (:meth:`OutcomeHistory.recent`)."""
     rollout = rollout_state(deployment)
     conds = merge_conditions(
         old_status.get("conditions") or [],
@@ -233,6 +291,9 @@ def build_status(
     metric_keys = (
         "effectiveCutoff",
         "attainment",
+        "recentAttainment",
+        "recentWindowSeconds",
+        "recentRequests",
         "goodputTokensPerSecond",
         "scrapedPods",
         "lastScrapeTime",
@@ -252,6 +313,15 @@ def build_status(
             status["attainment"] = att.model_dump(mode="json", by_alias=True, exclude_none=True)
         if goodput_per_s is not None:
             status["goodputTokensPerSecond"] = goodput_per_s
+        if recent is not None and recent[1] > 0:
+            totals, span = recent
+            status["recentWindowSeconds"] = round(span)
+            status["recentRequests"] = counted_requests(totals)
+            recent_att = attainment_of(totals)
+            if recent_att is not None:
+                status["recentAttainment"] = recent_att.model_dump(
+                    mode="json", by_alias=True, exclude_none=True
+                )
         status["lastScrapeTime"] = now
     return status
 

@@ -239,6 +239,8 @@ class Dispatcher:
         self._gauges()
 
     def _dispatch(self, job: Job, now: float) -> None:
+        if job.segment == 0:  # first dispatch: the request's time in the queue
+            self.metrics.queued(job.live.req, now)
         job.segment += 1
         job.segment_tokens = 0
         job.dispatched_s = now

@@ -10,6 +10,7 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
 - ``jitserve_ttft_seconds``, ``jitserve_tbt_seconds``, ``jitserve_e2el_seconds``
   histograms, labelled by ``kind``
 - ``jitserve_queue_depth``, ``jitserve_running_requests``
+- ``jitserve_queue_time_seconds{kind,tenant}``: arrival to first dispatch to vLLM
 - ``jitserve_preemptions_total``, ``jitserve_retirements_total{reason}``
 - ``jitserve_scheduler_frame_seconds`` (policy time per frame), ``jitserve_frames_total``
 - ``jitserve_analyzer_fallbacks_total``, ``jitserve_backend_up``,
@@ -21,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from jitserve.requests import Request
 
 OUTCOMES = ("met", "missed", "retired", "cancelled", "error")
 
@@ -52,6 +55,9 @@ class SidecarMetrics:
                               ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("jitserve_queue_depth", "Requests waiting in the sidecar queue.",
                                  registry=r)
+        self.queue_time = Histogram(
+            "jitserve_queue_time_seconds", "Time from arrival to the first dispatch to vLLM.",
+            ["kind", "tenant"], buckets=_LATENCY_BUCKETS, registry=r)
         self.running = Gauge("jitserve_running_requests", "Requests dispatched to vLLM now.",
                              registry=r)
         self.preemptions = Counter("jitserve_preemptions", "Requests preempted (aborted in vLLM, "
@@ -81,6 +87,10 @@ class SidecarMetrics:
         if child is None:
             child = self._by_kind[key] = getattr(self, family).labels(kind)
         return child
+
+    def queued(self, req: Request, now: float) -> None:
+        """``req`` is dispatched to vLLM for the first time at ``now``."""
+        self.queue_time.labels(req.kind.value, req.tenant).observe(max(0.0, now - req.arrival_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
