@@ -8,7 +8,8 @@ camelCase on the wire (YAML, JSON, the CRD), as Kubernetes API conventions ask.
 Sections: ``sloDefaults`` (per-kind defaults and named classes), ``objective``,
 ``scheduler`` (cutoff ``p``, frame, aging ``delta``, length quantile, refinement,
 preemption), ``fairness`` (weight ``f``, tenant weights), ``admission`` (waiting time,
-queue cap, overload action), and the serving sections the operator reads
+queue cap, overload action), ``limits`` (what one client may ask for: SLO values,
+program stages and lifetime, live programs), and the serving sections the operator reads
 (``model``, ``pod``, ``replicas``, ``ingress``, ``reporting``). Every field carries a
 description: the CRD's ``kubectl explain`` text is generated from them. The pod-level
 knobs (env from Secrets, scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`.
@@ -270,6 +271,32 @@ class AdmissionSettings(_Model):
     )
 
 
+class LimitsSettings(_Model):
+    """What a single request may ask for, so one tenant cannot hold a pod's memory or
+    queue hostage: the sidecar refuses a request over a limit with 400 naming the field
+    (body ``slo.*`` and ``x-slo-*`` headers alike) and 429 when the live programs are
+    at ``maxPrograms``."""
+
+    max_slo_seconds: Seconds = Field(
+        default=3600.0,
+        description="Largest TTFT, TBT or deadline a request may ask for (body or x-slo-* header).",
+    )
+    max_stages: int = Field(
+        default=64, ge=1, le=10000, description="Largest `stages` of a compound program."
+    )
+    max_program_seconds: Seconds = Field(
+        default=3600.0,
+        description="Longest program lifetime: a compound deadline (given or derived) beyond "
+        "it is refused, and a program's state is dropped at its deadline.",
+    )
+    max_programs: int = Field(
+        default=10000,
+        ge=1,
+        le=1_000_000,
+        description="Compound programs a sidecar keeps state for at once (429 beyond).",
+    )
+
+
 class PullPolicy(StrEnum):
     ALWAYS = "Always"
     IF_NOT_PRESENT = "IfNotPresent"
@@ -391,6 +418,10 @@ class SLOPolicySpec(_Model):
     )
     admission: AdmissionSettings = Field(
         default=AdmissionSettings(), description="Waiting limit, queue cap, overload action."
+    )
+    limits: LimitsSettings = Field(
+        default=LimitsSettings(),
+        description="What one request may ask for: SLO values, program stages, lifetime, count.",
     )
     model: ModelSpec = Field(default=ModelSpec(), description="The model and its vLLM container.")
     sidecar: SidecarSpec = Field(default=SidecarSpec(), description="The scheduler sidecar.")
@@ -552,8 +583,8 @@ def dump_policy_yaml(spec: SLOPolicySpec) -> str:
 def load_policy_file(path: str | Path) -> SLOPolicySpec:
     """Read and validate a YAML or JSON policy file; PolicyError names what is wrong."""
     try:
-        document = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise PolicyError(f"cannot read policy file {path}: {err}") from err
     if document is None:
         document = {}
