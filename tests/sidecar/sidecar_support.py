@@ -1,6 +1,6 @@
 """Helpers of the sidecar tests (owner: sidecar): a sidecar process, a streaming client,
-and Prometheus text parsing. Nothing here fakes vLLM; the one fake backend
-of the suite lives in test_sidecar_faults.py."""
+and Prometheus text parsing. Nothing here fakes vLLM; the one fake backend of the suite
+lives in fake_backend.py."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class SidecarProcess:
         api_keys: dict[str, str] | None = None,
         max_body_bytes: int | None = None,
         log_path: Path | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.port = vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,6 +66,7 @@ class SidecarProcess:
             cmd += ["--api-key", f"{tenant}={key}"]
         if max_body_bytes is not None:
             cmd += ["--max-body-bytes", str(max_body_bytes)]
+        cmd += extra_args or []
         self.log_path = log_path or config.with_suffix(".log")
         self._log = self.log_path.open("ab")
         self.proc = vl.start_process(cmd, self._log)

@@ -1,15 +1,14 @@
 """Fault injection: the backend dies mid-stream and comes back.
 
-``DyingBackend`` is a FAKE vLLM (the only fake backend in this suite, as the issue
-allows for this test): an OpenAI-compatible token streamer that can be killed (its
-listening socket closed and every open stream cut) and restarted on the same port.
+The backend here is the suite's FAKE vLLM (:class:`fake_backend.FakeVLLM`): the real one
+cannot be killed and brought back on the same port within a test. The faults against the
+real vLLM (SIGKILL, SIGSTOP, poison tenant, drain) are in test_sidecar_vllm_faults.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from aiohttp import web
+from fake_backend import FakeVLLM
 from sidecar_support import SidecarProcess, get_json, get_text, metric
 
 from jitserve.bench.live import StreamResult, stream_completion
@@ -25,96 +24,10 @@ from jitserve.bench.live import StreamResult, stream_completion
 pytestmark = pytest.mark.timeout(180)
 
 
-class DyingBackend:
-    """FAKE backend: /health, /v1/models, /v1/completions streaming one token per
-    ``interval_s``; ``kill()`` cuts every stream and stops listening, ``revive()``
-    listens again on the same port."""
-
-    def __init__(self, port: int, interval_s: float = 0.02) -> None:
-        self.port = port
-        self.interval_s = interval_s
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runner: web.AppRunner | None = None
-        self.streams_started = 0
-        self.revive()
-
-    def _app(self) -> web.Application:
-        app = web.Application()
-        app.add_routes(
-            [
-                web.get("/health", self.health),
-                web.get("/v1/models", self.models),
-                web.post("/v1/completions", self.completions),
-            ]
-        )
-        return app
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        doc = await request.json()
-        self.streams_started += 1
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        n = int(doc["max_tokens"])
-        for i in range(n):
-            await asyncio.sleep(self.interval_s)
-            finish = '"length"' if i == n - 1 else "null"
-            chunk = (
-                f'{{"choices": [{{"index": 0, "text": "t{i} ", "token_ids": [{100 + i}], '
-                f'"finish_reason": {finish}}}]}}'
-            )
-            await resp.write(f"data: {chunk}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
-
-    def revive(self) -> None:
-        async def start() -> web.AppRunner:
-            runner = web.AppRunner(self._app(), shutdown_timeout=0.1)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
-            return runner
-
-        self.runner = self._run(start())
-
-    def kill(self) -> None:
-        """Die: stop listening and cut every open connection mid-stream."""
-        runner = self.runner
-        assert runner is not None
-        self.runner = None
-
-        async def die() -> None:
-            server = runner.server
-            for site in list(runner.sites):
-                await site.stop()
-            if server is not None:
-                for conn in list(server.connections):
-                    if conn.transport is not None:
-                        conn.transport.abort()
-            await runner.cleanup()
-
-        self._run(die())
-
-    def close(self) -> None:
-        if self.runner is not None:
-            self.kill()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
 def test_backend_dying_mid_stream(tmp_path: Path) -> None:
     from jitserve.devstack.vllm import free_port
 
-    fake = DyingBackend(free_port())
+    fake = FakeVLLM(free_port())
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump({"admission": {"maxWaitingSeconds": 120}}))
     s = SidecarProcess(f"http://127.0.0.1:{fake.port}", config=config, max_running=1)

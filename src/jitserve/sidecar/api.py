@@ -14,6 +14,9 @@ passed through) and the request's SLO. The SLO comes from, in this order:
 A request with no SLO at all is best effort (the policy's default deadline). Every
 invalid value raises :class:`~jitserve.sidecar.errors.APIError` (400) naming the field
 with the path the client used (``slo.ttft_ms``, ``x-slo-ttft-ms``, ``max_tokens``...).
+The policy's ``limits`` bound what a client may ask, body and headers alike: every SLO
+value (``maxSloSeconds``), a program's ``stages`` (``maxStages``) and its deadline,
+given or derived from its stages (``maxProgramSeconds``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jitserve.policy import SLODefaults
+from jitserve.policy import LimitsSettings, SLODefaults
 from jitserve.sidecar.errors import APIError, bad_request
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOError, SLOKind
 
@@ -73,7 +76,8 @@ class SLOBody(BaseModel):
         description="compound: this call belongs to the program's last stage; the program "
         "ends (and is scored) when the calls of that stage finish",
     )
-    parent_ids: list[str] = Field(default_factory=list, max_length=1024)
+    parent_ids: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list,
+                                                                     max_length=1024)
 
 
 class _Body(BaseModel):
@@ -158,10 +162,32 @@ def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise bad_request(name, f"must be a number of milliseconds, got {raw!r}") from None
+        raise bad_request(name, f"must be a number of milliseconds, got {raw[:40]!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise bad_request(name, f"must be a positive number of milliseconds, got {raw!r}")
+        raise bad_request(name, f"must be a positive number of milliseconds, got {raw[:40]!r}")
     return value
+
+
+@dataclass(slots=True)
+class _Value:
+    """An SLO value in seconds and the field it came from (for the error message)."""
+
+    seconds: float
+    param: str
+
+
+def _first(*candidates: tuple[float | None, str, float]) -> _Value | None:
+    """The first given of (value, param, scale to seconds)."""
+    for value, param, scale in candidates:
+        if value is not None:
+            return _Value(value * scale, param)
+    return None
+
+
+def _check_limit(value: _Value | None, limit: float, setting: str) -> None:
+    if value is not None and value.seconds > limit:
+        raise bad_request(value.param, f"must be at most {limit:g} s (limits.{setting} of the "
+                          "policy)")
 
 
 def resolve_slo(
@@ -169,16 +195,31 @@ def resolve_slo(
     headers: Mapping[str, str],
     defaults: SLODefaults,
     tenant_class: str | None = None,
+    limits: LimitsSettings | None = None,
 ) -> tuple[SLO, str, ProgramRef | None]:
     """The request's SLO, its SLO class label and (compound) its program reference. A
     request with no SLO field at all gets the tenant's default class (``tenant_class``,
     else the policy's ``sloDefaults.defaultClass``; none: best effort)."""
+    lim = limits or LimitsSettings()
     b = body or SLOBody.model_validate({})
-    h_ttft = _header_ms(headers, HEADER_TTFT)
-    h_tbt = _header_ms(headers, HEADER_TPOT) or _header_ms(headers, HEADER_TBT)
-    h_deadline = _header_ms(headers, HEADER_DEADLINE)
+    ttft = _first((b.ttft_ms, "slo.ttft_ms", 1e-3),
+                  (_header_ms(headers, HEADER_TTFT), HEADER_TTFT, 1e-3))
+    tbt = _first((b.tbt_ms, "slo.tbt_ms", 1e-3), (b.tpot_ms, "slo.tpot_ms", 1e-3),
+                 (_header_ms(headers, HEADER_TPOT), HEADER_TPOT, 1e-3),
+                 (_header_ms(headers, HEADER_TBT), HEADER_TBT, 1e-3))
+    deadline = _first((b.deadline_s, "slo.deadline_s", 1.0),
+                      (b.deadline_ms, "slo.deadline_ms", 1e-3),
+                      (_header_ms(headers, HEADER_DEADLINE), HEADER_DEADLINE, 1e-3))
+    for value in (ttft, tbt, deadline):
+        _check_limit(value, lim.max_slo_seconds, "maxSloSeconds")
+    if b.stages is not None and b.stages > lim.max_stages:
+        raise bad_request("slo.stages", f"must be at most {lim.max_stages} (limits.maxStages "
+                          "of the policy)")
+    if b.stage is not None and b.stage >= lim.max_stages:
+        raise bad_request("slo.stage", f"must be below {lim.max_stages} (limits.maxStages "
+                          "of the policy)")
     class_name = b.class_name or headers.get(HEADER_CLASS)
-    no_slo_fields = body is None and h_ttft is None and h_tbt is None and h_deadline is None
+    no_slo_fields = body is None and ttft is None and tbt is None and deadline is None
     if class_name is None and no_slo_fields:
         class_name = defaults.unspecified_class(tenant_class)
     class_param = "slo.class" if b.class_name else HEADER_CLASS
@@ -188,24 +229,16 @@ def resolve_slo(
         base = defaults.class_slo(class_name)
         if base is None:
             known = ", ".join(c.name for c in defaults.classes) or "none configured"
-            raise bad_request(class_param, f"unknown SLO class {class_name!r} (known: {known})")
-
-    ttft_ms = b.ttft_ms if b.ttft_ms is not None else h_ttft
-    tbt_ms = b.tbt_ms if b.tbt_ms is not None else (b.tpot_ms if b.tpot_ms is not None else h_tbt)
-    if b.deadline_s is not None:
-        deadline_s: float | None = b.deadline_s
-    elif b.deadline_ms is not None:
-        deadline_s = b.deadline_ms / 1000
-    else:
-        deadline_s = h_deadline / 1000 if h_deadline is not None else None
+            raise bad_request(class_param, f"unknown SLO class {class_name[:63]!r} "
+                              f"(known: {known})")
 
     kind = b.kind
     if kind is None:
         if b.program_id is not None:
             kind = SLOKind.COMPOUND
-        elif ttft_ms is not None or tbt_ms is not None:
+        elif ttft is not None or tbt is not None:
             kind = SLOKind.LATENCY
-        elif deadline_s is not None:
+        elif deadline is not None:
             kind = SLOKind.DEADLINE
         elif base is not None:
             kind = base.kind
@@ -215,33 +248,34 @@ def resolve_slo(
     program: ProgramRef | None = None
     try:
         if kind is SLOKind.LATENCY:
-            if deadline_s is not None and b.kind is SLOKind.LATENCY:
-                raise bad_request("slo.deadline_s",
+            if deadline is not None and b.kind is SLOKind.LATENCY:
+                raise bad_request(deadline.param,
                                   "a latency SLO takes ttft_ms and tbt_ms, not a deadline")
             lat = base if isinstance(base, LatencySLO) else defaults.slo_for(SLOKind.LATENCY)
             assert isinstance(lat, LatencySLO)
-            slo: SLO = LatencySLO(
-                ttft_ms / 1000 if ttft_ms is not None else lat.ttft_s,
-                tbt_ms / 1000 if tbt_ms is not None else lat.tbt_s,
-            )
+            slo: SLO = LatencySLO(ttft.seconds if ttft is not None else lat.ttft_s,
+                                  tbt.seconds if tbt is not None else lat.tbt_s)
         elif kind is SLOKind.DEADLINE:
-            if deadline_s is None:
-                deadline_s = (base.deadline_s if isinstance(base, DeadlineSLO | CompoundSLO)
-                              else defaults.deadline_seconds)
-            slo = DeadlineSLO(deadline_s)
+            seconds = deadline.seconds if deadline is not None else (
+                base.deadline_s if isinstance(base, DeadlineSLO | CompoundSLO)
+                else defaults.deadline_seconds)
+            slo = DeadlineSLO(seconds)
         elif kind is SLOKind.COMPOUND:
             if b.program_id is None:
                 raise bad_request("slo.program_id", "a compound request needs program_id")
-            if deadline_s is None:
-                deadline_s = (base.deadline_s if isinstance(base, CompoundSLO | DeadlineSLO)
-                              else defaults.compound_seconds_per_stage * (b.stages or 1))
-            slo = CompoundSLO(deadline_s)
+            if deadline is None:
+                derived = (base.deadline_s if isinstance(base, CompoundSLO | DeadlineSLO)
+                           else defaults.compound_seconds_per_stage * (b.stages or 1))
+                deadline = _Value(derived, "slo.stages" if b.stages else "slo.deadline_s")
+            _check_limit(deadline, lim.max_program_seconds, "maxProgramSeconds")
+            slo = CompoundSLO(deadline.seconds)
             program = ProgramRef(b.program_id, b.stage or 0, tuple(b.parent_ids), b.stages,
                                  b.final)
         else:
-            if ttft_ms is not None or tbt_ms is not None:
+            if ttft is not None or tbt is not None:
                 raise bad_request("slo.kind", "best_effort takes no latency targets")
-            slo = DeadlineSLO(deadline_s or defaults.best_effort_deadline_seconds, best_effort=True)
+            slo = DeadlineSLO(deadline.seconds if deadline is not None
+                              else defaults.best_effort_deadline_seconds, best_effort=True)
     except SLOError as err:
         raise bad_request(f"slo.{err.field}", str(err)) from err
     label = class_name or "default"
@@ -261,6 +295,7 @@ def parse_request(
     headers: Mapping[str, str],
     defaults: SLODefaults,
     tenant_class: str | None = None,
+    limits: LimitsSettings | None = None,
 ) -> ParsedRequest:
     """Validate a decoded JSON body; raises APIError(400) naming the field."""
     if not isinstance(raw, dict):
@@ -273,7 +308,7 @@ def parse_request(
     _check_unsupported(body)
     extra = body.model_extra or {}
     sampling = {k: extra[k] for k in PASSTHROUGH if k in extra and extra[k] is not None}
-    slo, slo_class, program = resolve_slo(body.slo, headers, defaults, tenant_class)
+    slo, slo_class, program = resolve_slo(body.slo, headers, defaults, tenant_class, limits)
     include_usage = bool((body.stream_options or {}).get("include_usage", False))
     prompt: str | None = None
     prompt_ids: list[int] | None = None

@@ -8,8 +8,12 @@ messages through the model's chat template), and every dispatch is a streamed
 client disconnect (``AsyncLLM.generate`` -> ``abort`` on cancellation).
 
 Errors: :class:`BackendUnavailable` when vLLM cannot be reached or the stream breaks
-(connection refused/reset, truncated stream, engine dead: HTTP 5xx), :class:`BackendError`
-for a 4xx that vLLM returns about the request itself.
+(connection refused/reset, truncated stream, engine dead: HTTP 5xx, or a 5xx error event
+inside the stream); :class:`BackendStalled` (a kind of it) when a running stream sends
+nothing for ``stall_timeout_s``; :class:`BackendError` for what vLLM says about the
+request itself: a 4xx answer, or a 4xx error event inside a 200 stream (vLLM validates
+token ids and sampling parameters only once the stream has started). Only the first two
+mean "the backend is down"; a :class:`BackendError` concerns one request.
 """
 
 from __future__ import annotations
@@ -26,14 +30,34 @@ class BackendUnavailable(Exception):
     """vLLM is down, unreachable, or failed mid-stream."""
 
 
+class BackendStalled(BackendUnavailable):
+    """A running stream sent nothing for the stall timeout (vLLM frozen or wedged)."""
+
+
 class BackendError(Exception):
-    """vLLM rejected the request (4xx); ``status`` and ``message`` come from its body."""
+    """vLLM rejected the request (4xx); ``status``, ``message`` and ``param`` come from
+    its error body (``param`` as vLLM names it: ``prompt`` is the token ids we sent)."""
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+
+
+def stream_error(problem: Any) -> BackendError | BackendUnavailable:
+    """What an ``{"error": ...}`` event inside a vLLM stream means: vLLM puts the HTTP
+    status it would have answered in ``code``; a 4xx is about this request only."""
+    if not isinstance(problem, dict):
+        return BackendUnavailable(f"backend stream error: {problem}")
+    message = str(problem.get("message") or problem)
+    code = problem.get("code")
+    status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) \
+        else 0
+    if 400 <= status < 500:
+        param = problem.get("param")
+        return BackendError(status, message, str(param) if param else None)
+    return BackendUnavailable(f"backend stream error: {message}")
 
 
 @dataclass(slots=True)
@@ -74,10 +98,11 @@ class VLLMBackend:
     """One shared connection pool toward one vLLM server."""
 
     def __init__(self, base_url: str, connect_timeout_s: float = 3.0,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0, stall_timeout_s: float | None = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s or None
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -94,6 +119,10 @@ class VLLMBackend:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def _stalled(self) -> BackendStalled:
+        return BackendStalled(f"no data from the model backend for {self.stall_timeout_s:g} s "
+                              "(stall timeout)")
 
     async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s,
@@ -153,7 +182,9 @@ class VLLMBackend:
         priority: int,
         request_id: str,
     ) -> AsyncIterator[Chunk]:
-        """Stream one dispatch; closing the generator early aborts it in vLLM."""
+        """Stream one dispatch; closing the generator early aborts it in vLLM. Every read
+        (the answer's head, then each piece of the stream) must come within
+        ``stall_timeout_s``, or :class:`BackendStalled` is raised."""
         body = {
             **sampling,
             "model": model,
@@ -165,9 +196,13 @@ class VLLMBackend:
             "request_id": request_id,
         }
         finished = False
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
+                                        sock_read=self.stall_timeout_s)
         try:
             resp = await self.session.post(self.base_url + "/v1/completions", json=body,
-                                           headers={"X-Request-Id": request_id})
+                                           headers={"X-Request-Id": request_id}, timeout=timeout)
+        except aiohttp.SocketTimeoutError as err:
+            raise self._stalled() from err
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise BackendUnavailable(f"/v1/completions: {type(err).__name__}: {err}") from err
         try:
@@ -192,10 +227,7 @@ class VLLMBackend:
                         break
                     doc = json.loads(payload)
                     if "error" in doc:
-                        problem = doc["error"]
-                        detail = (problem.get("message", problem) if isinstance(problem, dict)
-                                  else problem)
-                        raise BackendUnavailable(f"backend stream error: {detail}")
+                        raise stream_error(doc["error"])
                     choices = doc.get("choices")
                     if not choices:
                         continue
@@ -206,6 +238,8 @@ class VLLMBackend:
                     break
             if not finished:
                 raise BackendUnavailable("backend stream ended before [DONE]")
+        except aiohttp.SocketTimeoutError as err:
+            raise self._stalled() from err
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
             raise BackendUnavailable(
                 f"backend stream broke: {type(err).__name__}: {err}") from err

@@ -44,8 +44,27 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys-dir", type=Path,
                    help="mounted Secrets: KEYS_DIR/<apiKeySecret>/api-key per policy tenant")
     p.add_argument("--analyzer", help="analyzer gRPC address host:port (length bounds)")
+    p.add_argument("--admin-port", type=int,
+                   help="serve /metrics and /debug/scheduler on this port only (keep it out of "
+                   "the Service and the Ingress)")
+    p.add_argument("--admin-key", action="append", default=[], metavar="KEY",
+                   help="with keys on and no --admin-port: the key /metrics and "
+                   "/debug/scheduler need on the API port (repeatable)")
     p.add_argument("--drain-seconds", type=float, default=20.0,
-                   help="on SIGTERM: refuse new requests, finish queued ones for this long")
+                   help="on SIGTERM: refuse new requests, let queued and running ones finish "
+                   "for this long, then end the rest with an error event and exit")
+    p.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="seconds a running vLLM stream may stay silent before its request "
+                   "fails (0: never)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send a request's headers (also the idle "
+                   "keep-alive timeout)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body has to arrive, and a streaming client to take "
+                   "each piece")
+    p.add_argument("--max-json-depth", type=int, default=32)
+    p.add_argument("--max-buffered-tokens", type=int, default=4096,
+                   help="tokens a stream may hold for a slow reader before it is aborted")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -67,7 +86,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_body_bytes=args.max_body_bytes,
             default_max_tokens=args.default_max_tokens, reload_interval_s=args.reload_interval,
             api_keys=keys, api_keys_file=args.api_keys_file, keys_dir=args.keys_dir,
-            analyzer=args.analyzer)
+            analyzer=args.analyzer, admin_port=args.admin_port, admin_keys=args.admin_key,
+            stall_timeout_s=args.stall_timeout, header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout, max_json_depth=args.max_json_depth,
+            max_buffered_tokens=args.max_buffered_tokens)
     except ValidationError as err:
         first = err.errors()[0]
         raise _cli_error(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from err

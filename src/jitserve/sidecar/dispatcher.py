@@ -211,8 +211,10 @@ class Dispatcher:
 
     async def submit(self, req: Request, *, model: str, prompt_ids: list[int], max_tokens: int,
                      sampling: dict[str, Any] | None = None, min_tokens: int = 0,
-                     program: ProgramRef | None = None) -> Job:
-        """Queue a request; raises APIError (429 queue full, 503 backend down)."""
+                     program: ProgramRef | None = None,
+                     events: asyncio.Queue[Event] | None = None) -> Job:
+        """Queue a request; raises APIError (429 queue full, 503 backend down). ``events``:
+        the queue its handler reads (the server's is bounded for slow readers)."""
         self.check_admission()
         bound = await self.bounds.initial(req)
         lp = None
@@ -224,6 +226,8 @@ class Dispatcher:
         live = self.lifecycle.arrive(req, self.clock(), lp, bound)
         job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
                   sampling=sampling or {}, min_tokens=min_tokens)
+        if events is not None:
+            job.events = events
         self.jobs[live] = job
         self._gauges()
         self._wake.set()

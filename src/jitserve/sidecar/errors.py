@@ -5,12 +5,25 @@ Every error body the sidecar writes has OpenAI's shape::
     {"error": {"message": "...", "type": "invalid_request_error", "param": "slo.ttft_ms",
                "code": "invalid_value"}}
 
-``param`` names the offending field for 400s, as the issue asks.
+``param`` names the offending field for 400s and ``code`` is always set, so a client can
+act on it without parsing the message. Server faults never show a traceback: they are
+a 500 ``internal_error`` with a one-line message.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# Request fields vLLM may name in a message without setting ``param`` (longest first, so
+# ``stop_token_ids`` is found before ``stop``).
+_FIELDS = sorted((
+    "stop_token_ids", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
+    "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "ignore_eos", "prompt", "messages", "model",
+), key=len, reverse=True)
+_FIELD_RE = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
 
 
 class APIError(Exception):
@@ -57,3 +70,43 @@ def backend_down(retry_after_s: int = 2,
                  message: str = "the model backend is unavailable") -> APIError:
     return APIError(503, message, type_="service_unavailable", code="backend_unavailable",
                     retry_after_s=retry_after_s)
+
+
+def backend_rejected(status: int, message: str, param: str | None = None) -> APIError:
+    """vLLM refused one request (a 4xx, before or inside its stream): the client's fault,
+    passed on as a 400-class error naming the field; other tenants are not affected."""
+    if param is None:
+        found = _FIELD_RE.search(message)
+        if found is not None:
+            param = found.group(1)
+        elif "token id" in message.lower():
+            param = "prompt"
+    status = status if 400 <= status < 500 and status not in (401, 403, 404) else 400
+    return APIError(status, f"{param}: {message}" if param else message, param=param,
+                    code="invalid_value")
+
+
+def internal_error(message: str = "internal error") -> APIError:
+    return APIError(500, message, type_="server_error", code="internal_error")
+
+
+def request_timeout(seconds: float) -> APIError:
+    return APIError(408, f"the request body did not arrive within {seconds:g} s",
+                    param="body", code="request_timeout")
+
+
+def auth_unavailable(reason: str) -> APIError:
+    """Keys are configured but none could be loaded: refuse, never serve without a key."""
+    return APIError(503, f"authentication is unavailable: {reason}",
+                    type_="service_unavailable", code="auth_unavailable", retry_after_s=5)
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the sidecar is shutting down", type_="service_unavailable",
+                    code="shutting_down", retry_after_s=2)
+
+
+def slow_reader(limit: int) -> APIError:
+    return APIError(503, f"the client read too slowly: over {limit} tokens were waiting to be "
+                    "sent, so the request was aborted", type_="service_unavailable",
+                    code="client_too_slow", retry_after_s=1)

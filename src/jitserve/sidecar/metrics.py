@@ -15,10 +15,15 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
 - ``jitserve_scheduler_frame_seconds`` (policy time per frame), ``jitserve_frames_total``
 - ``jitserve_analyzer_fallbacks_total``, ``jitserve_backend_up``,
   ``jitserve_config_reloads_total{result}``, ``jitserve_rejections_total{reason}``
+
+The ``tenant`` label is bounded: once the server sets :attr:`SidecarMetrics.known_tenants`
+(the policy's tenants, the owners of API keys and ``default``), any other tenant (an
+``x-tenant`` a client made up) is counted as ``other``, so clients cannot mint series.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -33,16 +38,38 @@ _TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
 _FRAME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
+OTHER_TENANT = "other"
+
+
+class TenantFamily:
+    """A labelled family whose first label is the tenant; ``labels(tenant, ...)`` maps a
+    tenant outside the known set to ``other``."""
+
+    def __init__(self, family: Counter, metrics: SidecarMetrics) -> None:
+        self.family = family
+        self._metrics = metrics
+
+    def labels(self, tenant: str, *rest: str) -> Any:
+        known = self._metrics.known_tenants
+        if known is not None and tenant not in known:
+            tenant = OTHER_TENANT
+        return self.family.labels(tenant, *rest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.family, name)
+
+
 class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry or CollectorRegistry()
         self.registry = r
-        self.goodput_tokens = Counter(
+        self.known_tenants: Collection[str] | None = None
+        self.goodput_tokens = TenantFamily(Counter(
             "jitserve_goodput_tokens", "Tokens that counted toward goodput (met their SLO).",
-            ["tenant", "kind", "slo_class"], registry=r)
-        self.requests = Counter(
+            ["tenant", "kind", "slo_class"], registry=r), self)
+        self.requests = TenantFamily(Counter(
             "jitserve_requests", "Finished requests by outcome.",
-            ["tenant", "kind", "slo_class", "outcome"], registry=r)
+            ["tenant", "kind", "slo_class", "outcome"], registry=r), self)
         self.effective_cutoff = Gauge(
             "jitserve_effective_cutoff", "GMAX priority cutoff p in effect.", registry=r)
         self.fairness_weight = Gauge(

@@ -1,0 +1,207 @@
+"""Writing the sidecar's answers: OpenAI bodies, SSE streams and errors (owner: sidecar).
+
+- :func:`errors_middleware`: every error leaves as OpenAI-shaped JSON (``param`` naming
+  the field, ``code`` set); an unexpected exception is a 500 ``internal_error`` with a
+  one-line message, never a traceback or a plain-text page;
+- :func:`collect` / :func:`stream`: a finished request as one ``chat.completion`` /
+  ``text_completion`` body, or as Server-Sent Events from its first token (so a request
+  refused while it waits still gets a proper status) with a final
+  ``data: {"error": ...}`` event if it fails after that;
+- :class:`BoundedEvents`: a request's event queue holding at most ``limit`` unsent
+  tokens: a client that reads slower than vLLM writes gets its tokens so far and a
+  ``client_too_slow`` error event, and its vLLM request is aborted, instead of the
+  sidecar buffering without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from jitserve.sidecar.api import ParsedRequest
+from jitserve.sidecar.errors import APIError, internal_error, slow_reader
+from jitserve.sidecar.jobs import Event, EventKind, Job
+
+log = logging.getLogger("jitserve.sidecar")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(err: APIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status, headers=err.headers())
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as err:
+        return error_response(err)
+    except web.HTTPRequestEntityTooLarge as err:
+        return error_response(APIError(413, f"request body too large: {err.text}",
+                                       code="request_too_large"))
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        if err.status >= 500:
+            return error_response(internal_error(err.reason))
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error_response(APIError(err.status, err.reason,
+                                       code=codes.get(err.status, "invalid_request")))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as err:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(internal_error(f"internal error ({type(err).__name__})"))
+
+
+class BoundedEvents(asyncio.Queue[Event]):
+    """The events of one request, at most ``limit`` tokens of them waiting to be sent.
+
+    Past the limit the reader is too slow: later events are dropped, one final ERROR
+    event (``client_too_slow``) is queued, and ``on_overflow`` (abort the request in
+    vLLM) is called once, soon after."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.tokens = 0
+        self.overflowed = False
+        self.on_overflow: Callable[[], None] | None = None
+
+    def put_nowait(self, item: Event) -> None:
+        if self.overflowed:
+            return
+        if item.kind is EventKind.TOKENS:
+            n = max(1, len(item.token_ids))
+            if self.tokens + n > self.limit:
+                self.overflowed = True
+                super().put_nowait(Event(EventKind.ERROR, error=slow_reader(self.limit)))
+                if self.on_overflow is not None:
+                    asyncio.get_running_loop().call_soon(self.on_overflow)
+                return
+            self.tokens += n
+        super().put_nowait(item)
+
+    def get_nowait(self) -> Event:
+        item = super().get_nowait()
+        if item.kind is EventKind.TOKENS:
+            self.tokens -= max(1, len(item.token_ids))
+        return item
+
+
+def extension(job: Job) -> dict[str, Any]:
+    live = job.live
+    return {"request_id": job.request_id, "tenant": live.req.tenant,
+            "slo_kind": live.req.kind.value, "slo_class": live.req.slo_class,
+            "preemptions": live.preemptions, "outcome": job.outcome}
+
+
+def usage(job: Job) -> dict[str, int]:
+    prompt = len(job.prompt_ids)
+    completion = len(job.generated_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def collect(job: Job, parsed: ParsedRequest, first: Event) -> web.Response:
+    texts: list[str] = []
+    event = first
+    while True:
+        if event.kind is EventKind.TOKENS:
+            texts.append(event.text)
+        elif event.kind is EventKind.ERROR:
+            assert event.error is not None
+            return error_response(event.error)
+        else:
+            break
+        event = await job.events.get()
+    text = "".join(texts)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": event.finish_reason, "logprobs": None}
+    if parsed.endpoint == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+        obj = "chat.completion"
+    else:
+        choice["text"] = text
+        obj = "text_completion"
+    if parsed.return_token_ids:
+        choice["token_ids"] = job.generated_ids
+    body = {"id": job.request_id, "object": obj, "created": int(time.time()),
+            "model": job.model, "choices": [choice], "usage": usage(job),
+            "jitserve": extension(job)}
+    return web.json_response(body, headers={"x-jitserve-request-id": job.request_id})
+
+
+async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: Event,
+                 send_timeout_s: float) -> web.StreamResponse:
+    """SSE from the first event on. A client that takes nothing for ``send_timeout_s``
+    is cut off (its connection closed; the caller then cancels the job)."""
+    resp = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", "x-jitserve-request-id": job.request_id})
+    await resp.prepare(request)
+    chat = parsed.endpoint == "chat"
+    head = json.dumps({"id": job.request_id,
+                       "object": "chat.completion.chunk" if chat else "text_completion",
+                       "created": int(time.time()), "model": job.model})[:-1]
+    with_ids = parsed.return_token_ids
+    # Pre-rendered chunk pieces: the per-token work is one json.dumps of the text.
+    if chat:
+        before = f'data: {head}, "choices": [{{"index": 0, "delta": {{"content": '
+        after_open = '}, "logprobs": null, "finish_reason": null'
+    else:
+        before = f'data: {head}, "choices": [{{"index": 0, "text": '
+        after_open = ', "logprobs": null, "finish_reason": null'
+    parts: list[str] = []
+    if chat:
+        parts.append(f'data: {head}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
+                     f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n')
+    event: Event | None = first
+    final: Event | None = None
+    while True:
+        while event is not None:
+            if event.kind is EventKind.TOKENS:
+                ids = f', "token_ids": {json.dumps(event.token_ids)}' if with_ids else ""
+                parts.append(f"{before}{json.dumps(event.text)}{after_open}{ids}}}]}}\n\n")
+            else:
+                final = event
+                break
+            event = job.events.get_nowait() if not job.events.empty() else None
+        if final is not None:
+            parts.append(stream_tail(job, parsed, head, final))
+        if parts:
+            try:
+                async with asyncio.timeout(send_timeout_s):
+                    await resp.write("".join(parts).encode())
+            except (ConnectionError, TimeoutError):  # gone or not reading: the caller cancels
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            parts.clear()
+        if final is not None:
+            break
+        event = await job.events.get()
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
+    return resp
+
+
+def stream_tail(job: Job, parsed: ParsedRequest, head: str, final: Event) -> str:
+    if final.kind is EventKind.ERROR:
+        assert final.error is not None
+        return f"data: {json.dumps(final.error.body())}\n\ndata: [DONE]\n\n"
+    chat = parsed.endpoint == "chat"
+    delta = '"delta": {}, ' if chat else '"text": "", '
+    out = (f'data: {head}, "choices": [{{"index": 0, {delta}"logprobs": null, '
+           f'"finish_reason": {json.dumps(final.finish_reason)}}}]}}\n\n')
+    if parsed.include_usage:
+        out += (f'data: {head}, "choices": [], "usage": {json.dumps(usage(job))}, '
+                f'"jitserve": {json.dumps(extension(job))}}}\n\n')
+    return out + "data: [DONE]\n\n"

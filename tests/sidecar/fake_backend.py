@@ -1,0 +1,154 @@
+"""FAKE vLLM for the tests that need what the real one cannot show on demand (owner:
+sidecar): a backend that dies and comes back on the same port, and a fast token source
+for the fuzz suite (thousands of requests in seconds). Everything else runs against the
+real CPU vLLM.
+
+``FakeVLLM`` speaks the slice of vLLM's OpenAI server the sidecar uses: ``/health``,
+``/v1/models``, ``/tokenize`` (one id per byte), and streamed ``/v1/completions`` on token
+ids with ``return_token_ids``. Like vLLM 0.32 it validates token ids only once the
+stream has started: an id outside the vocabulary (or a bad ``stop_token_ids``) is an
+``{"error": {..., "code": 400}}`` event inside a 200 stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+
+VOCAB = 1000
+MAX_MODEL_LEN = 4096
+
+
+class FakeVLLM:
+    """FAKE backend on 127.0.0.1:``port`` in its own thread and event loop."""
+
+    def __init__(self, port: int, interval_s: float = 0.02) -> None:
+        self.port = port
+        self.interval_s = interval_s
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner: web.AppRunner | None = None
+        self.streams_started = 0
+        self.revive()
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 24)
+        app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/v1/models", self.models),
+                web.post("/tokenize", self.tokenize),
+                web.post("/v1/completions", self.completions),
+            ]
+        )
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    @staticmethod
+    def _bad(message: str, param: str | None = None) -> web.Response:
+        body = {"error": {"message": message, "type": "BadRequestError", "param": param,
+                          "code": 400}}
+        return web.json_response(body, status=400)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        doc = await request.json()
+        if "messages" in doc:
+            parts = []
+            for m in doc["messages"]:
+                content = m.get("content")
+                if isinstance(content, list):
+                    content = " ".join(str(p.get("text", "")) for p in content
+                                       if isinstance(p, dict))
+                if content is not None and not isinstance(content, str):
+                    return self._bad("content must be a string or a list", "messages")
+                parts.append(f"<{m.get('role')}>{content or ''}")
+            text = "".join(parts) + "<assistant>"
+        else:
+            text = doc.get("prompt")
+            if not isinstance(text, str):
+                return self._bad("prompt must be a string", "prompt")
+        tokens = list(text.encode("utf-8"))
+        return web.json_response({"tokens": tokens, "count": len(tokens),
+                                  "max_model_len": MAX_MODEL_LEN})
+
+    def _check(self, doc: dict[str, Any]) -> str | None:
+        for t in doc["prompt"]:
+            if not 0 <= t < VOCAB:
+                return f"Token id {t} is out of vocabulary"
+        stop = doc.get("stop_token_ids") or []
+        if not isinstance(stop, list) or not all(isinstance(t, int) and 0 <= t < VOCAB
+                                                 for t in stop):
+            return "stop_token_ids must contain only token ids of the vocabulary"
+        return None
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        doc = await request.json()
+        temperature = doc.get("temperature", 1.0)
+        if not isinstance(temperature, int | float) or isinstance(temperature, bool):
+            return self._bad("temperature must be a number", "temperature")
+        self.streams_started += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        problem = self._check(doc)
+        if problem is not None:  # like vLLM: a 400 inside the 200 stream
+            error = {"error": {"message": problem, "type": "BadRequestError", "param": None,
+                               "code": 400}}
+            await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            return resp
+        n = int(doc["max_tokens"])
+        for i in range(n):
+            await asyncio.sleep(self.interval_s)
+            finish = '"length"' if i == n - 1 else "null"
+            chunk = (
+                f'{{"choices": [{{"index": 0, "text": "t{i} ", "token_ids": [{100 + i % 800}], '
+                f'"finish_reason": {finish}}}]}}'
+            )
+            await resp.write(f"data: {chunk}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def revive(self) -> None:
+        async def start() -> web.AppRunner:
+            runner = web.AppRunner(self._app(), shutdown_timeout=0.1)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
+            return runner
+
+        self.runner = self._run(start())
+
+    def kill(self) -> None:
+        """Die: stop listening and cut every open connection mid-stream."""
+        runner = self.runner
+        assert runner is not None
+        self.runner = None
+
+        async def die() -> None:
+            server = runner.server
+            for site in list(runner.sites):
+                await site.stop()
+            if server is not None:
+                for conn in list(server.connections):
+                    if conn.transport is not None:
+                        conn.transport.abort()
+            await runner.cleanup()
+
+        self._run(die())
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.kill()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
