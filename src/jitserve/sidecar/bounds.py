@@ -79,4 +79,10 @@ class AnalyzerBounds:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """Forget the task; a failure is logged (never an unretrieved task exception)."""
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("analyzer call failed: %s", task.exception())

@@ -38,7 +38,13 @@ from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Backend, BackendError, BackendUnavailable
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
-from jitserve.sidecar.errors import APIError, backend_down, queue_full
+from jitserve.sidecar.errors import (
+    APIError,
+    backend_down,
+    backend_rejected,
+    queue_full,
+    shutting_down,
+)
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
@@ -151,7 +157,7 @@ class Dispatcher:
 
     async def shutdown(self) -> None:
         for job in list(self.jobs.values()):
-            self.fail(job, backend_down(message="the sidecar is shutting down"))
+            self.fail(job, shutting_down())
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -285,10 +291,9 @@ class Dispatcher:
                                         type_="service_unavailable", code="backend_failed",
                                         retry_after_s=2))
                 self.health.set(False, str(err))
-        except BackendError as err:
+        except BackendError as err:  # about this request only: the backend stays up
             if job.segment == segment and not job.done:
-                status = err.status if 400 <= err.status < 500 else 502
-                self.fail(job, APIError(status, err.message, param=err.param))
+                self.fail(job, backend_rejected(err.status, err.message, err.param))
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug must not leave a client hanging
