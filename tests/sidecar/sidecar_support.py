@@ -78,6 +78,11 @@ class SidecarProcess:
                 f"{vl.tail(self.log_path)}"
             )
 
+    def wait_up(self, timeout: float = 60.0) -> None:
+        """Until the process serves (``/health``), ready or not."""
+        if not vl.wait_http_ok(self.url + "/health", timeout, self.proc):
+            raise AssertionError(f"sidecar not up; log:\n{vl.tail(self.log_path)}")
+
     def state(self) -> dict[str, Any]:
         """The sidecar's /debug/scheduler: policy figures, queue, running, frames."""
         status, doc = get_json(self.url + "/debug/scheduler")
@@ -90,16 +95,18 @@ class SidecarProcess:
         self._log.close()
 
 
-def get_json(url: str) -> tuple[int, Any]:
+def get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=10) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
 
 
-def get_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as resp:
+def get_text(url: str, headers: dict[str, str] | None = None) -> str:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                timeout=10) as resp:
         text: str = resp.read().decode()
         return text
 
