@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +19,26 @@ import aiohttp
 
 from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.devstack import vllm as vl
+
+
+def start_tiny_vllm(timeout_s: float = 600.0) -> tuple[subprocess.Popen[bytes], str]:
+    """A real vLLM of our own (CPU build, the tiny model, 16 slots) in its own process
+    group, for the tests that freeze or kill it; (process, URL) once it answers."""
+    python = vl.vllm_python()
+    if python is None:
+        raise AssertionError("vLLM is not installed: run scripts/setup-vllm.sh")
+    model = vl.ensure_tiny_model(python=python)
+    port = vl.free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"
+    with log_path.open("ab") as log:
+        proc = vl.start_process(vl.vllm_command(python, model, port, max_num_seqs=16), log,
+                                vl.vllm_env())
+    url = f"http://127.0.0.1:{port}"
+    timeout_s = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", timeout_s))
+    if not vl.wait_http_ok(url + "/health", timeout_s, proc):
+        vl.stop_process(proc)
+        raise AssertionError(f"vLLM did not start; {log_path}:\n{vl.tail(log_path, 60)}")
+    return proc, url
 
 
 class SidecarProcess:

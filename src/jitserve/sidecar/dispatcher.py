@@ -413,9 +413,11 @@ class Dispatcher:
             # the frame length follows the measured step time, re-read at every wake-up
             wait = last_frame + self.frame_s() - self.clock()
             if wait > 0:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
+                # that comes as the event is set (shutdown sets it), and the loop never ends
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(),
-                                           min(wait, self.pacer.min_frame_s * 5))
+                    async with asyncio.timeout(min(wait, self.pacer.min_frame_s * 5)):
+                        await self._wake.wait()
             self._wake.clear()
             now = self.clock()
             due = now >= last_frame + self.frame_s()

@@ -202,15 +202,20 @@ class SidecarServer:
         deadline = time.monotonic() + drain_s
         while d.jobs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await d.shutdown()  # every open request gets its final error event
+        log.info("drain over: %d open requests end with an error event", len(d.jobs))
+        with contextlib.suppress(TimeoutError):  # a stuck task must not hold the exit
+            async with asyncio.timeout(HANDLER_GRACE_S):
+                await d.shutdown()  # every open request gets its final error event
         deadline = time.monotonic() + HANDLER_GRACE_S
         while self._open_handlers and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        log.info("shutdown: %d handlers still open", self._open_handlers)
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        log.info("stopped")
 
     # ---- probes, metrics ----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

@@ -1,0 +1,477 @@
+"""Faults against the real vLLM (CPU build, tiny model): a poison tenant beside a victim,
+vLLM frozen (SIGSTOP) and killed (SIGKILL) mid-stream, the analyzer a black hole, SIGTERM
+with a drain bound, corrupt and empty policy and keys files, hostile compound programs.
+
+The freeze and kill tests use a vLLM of their own (``own_vllm``); the others share the
+session's. Assertions are on behaviour and on the configured bounds, with slack for a
+busy 2-core machine, never on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from sidecar_support import (
+    SidecarProcess,
+    get_json,
+    get_text,
+    metric,
+    post,
+    start_tiny_vllm,
+)
+
+from jitserve.bench.live import StreamResult, stream_completion
+from jitserve.devstack import vllm as vl
+
+pytestmark = pytest.mark.timeout(300)
+
+PROMPT = [5, 17, 99, 400, 23, 8, 77]
+STALL_S = 5.0
+Factory = Callable[..., SidecarProcess]
+
+
+def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+            "slo": {"kind": "deadline", "deadline_s": 900}, **extra}
+
+
+def make_factory(backend_url: str, tmp_path: Path, started: list[SidecarProcess]) -> Factory:
+    def make(policy: dict[str, Any] | None = None, *, ready: bool = True,
+             **settings: Any) -> SidecarProcess:
+        config = tmp_path / f"policy-{len(started)}.yaml"
+        config.write_text(yaml.safe_dump(policy or {}))
+        s = SidecarProcess(backend_url, config=config, **settings)
+        started.append(s)
+        if ready:
+            s.wait_ready()
+        else:
+            s.wait_up()
+        return s
+
+    return make
+
+
+@pytest.fixture
+def sidecar(vllm_url: str, tmp_path: Path) -> Iterator[Factory]:
+    started: list[SidecarProcess] = []
+    yield make_factory(vllm_url, tmp_path, started)
+    for s in started:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def own_vllm() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    proc, url = start_tiny_vllm()
+    try:
+        yield proc, url
+    finally:
+        with_signal(proc, signal.SIGCONT)
+        vl.stop_process(proc)
+
+
+def with_signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal vLLM's whole process group (API server, engine core, workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+async def running_tokens(s: SidecarProcess, n: int, at_least: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = s.state()["running_requests"]
+        if len(rows) >= n and all(r["generated"] >= at_least for r in rows[:n]):
+            return
+        assert time.monotonic() < deadline, f"{n} requests never ran: {rows}"
+        await asyncio.sleep(0.05)
+
+
+# ---- a poison tenant beside a victim ---------------------------------------------------
+def test_poison_tenant_does_not_take_the_pod_out_of_service(sidecar: Factory) -> None:
+    """The poison tenant sends requests vLLM rejects inside a 200 stream (a token id out
+    of the vocabulary, an out-of-vocabulary stop token) at 2 req/s while the victim sends
+    4 req/s for 15 s: the victim is served in full, /ready stays true, the poison tenant
+    gets 400s naming the field."""
+    s = sidecar({"fairness": {"tenants": [{"name": "victim"}, {"name": "poison"}]},
+                 "admission": {"maxWaitingSeconds": 300}})
+    duration = 15.0
+    ready_samples: list[int] = []
+
+    async def scenario() -> tuple[list[StreamResult], list[tuple[int, dict[str, Any]]]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=240)) as session:
+
+            async def victim(i: int) -> StreamResult:
+                await asyncio.sleep(i / 4)
+                return await stream_completion(session, s.url, body(16),
+                                               {"x-tenant": "victim"})
+
+            async def poison(i: int) -> tuple[int, dict[str, Any]]:
+                await asyncio.sleep(i / 2)
+                bad: dict[str, Any] = ({"prompt": [1_000_000], "max_tokens": 4} if i % 2 == 0
+                                       else {**body(4), "stop_token_ids": [99_999_999]})
+                async with session.post(s.url + "/v1/completions", json=bad,
+                                        headers={"x-tenant": "poison"}) as resp:
+                    return resp.status, await resp.json()
+
+            async def watch_ready() -> None:
+                start = time.monotonic()
+                while time.monotonic() - start < duration + 2:
+                    async with session.get(s.url + "/ready") as resp:
+                        ready_samples.append(resp.status)
+                    await asyncio.sleep(0.25)
+
+            watcher = asyncio.create_task(watch_ready())
+            victims = [asyncio.create_task(victim(i)) for i in range(int(duration * 4))]
+            poisons = [asyncio.create_task(poison(i)) for i in range(int(duration * 2))]
+            results = await asyncio.gather(*victims)
+            rejected = await asyncio.gather(*poisons)
+            await watcher
+            return list(results), list(rejected)
+
+    victims, poisons = asyncio.run(scenario())
+    served = [r for r in victims if r.status == 200 and r.error is None
+              and len(r.token_ids) == 16 and r.finish_reason == "length"]
+    assert len(served) == len(victims) == 60, [(r.status, r.error) for r in victims
+                                               if r not in served]
+    assert ready_samples and set(ready_samples) == {200}, ready_samples
+    assert len(poisons) == 30
+    for i, (status, doc) in enumerate(poisons):
+        assert status == 400, doc
+        assert doc["error"]["param"] == ("prompt" if i % 2 == 0 else "stop_token_ids"), doc
+        assert doc["error"]["code"] == "invalid_value" and doc["error"]["message"]
+    text = get_text(s.url + "/metrics")
+    assert metric(text, "jitserve_backend_up") == 1
+    assert metric(text, "jitserve_requests_total", tenant="victim", outcome="met") == 60
+    with pytest.raises(KeyError):
+        metric(text, "jitserve_rejections_total", reason="backend_down")
+
+
+# ---- vLLM frozen, then killed ------------------------------------------------------------
+@pytest.mark.timeout(900)  # includes starting a vLLM of its own (minutes on a busy machine)
+def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
+    own_vllm: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    proc, url = own_vllm
+    started: list[SidecarProcess] = []
+    s = make_factory(url, tmp_path, started)(
+        {"admission": {"maxWaitingSeconds": 300}},
+        extra_args=["--stall-timeout", str(STALL_S)])
+    try:
+        async def scenario() -> tuple[list[StreamResult], float, dict[str, Any]]:
+            async with aiohttp.ClientSession() as session:
+                streams = [asyncio.create_task(stream_completion(session, s.url, body(1900)))
+                           for _ in range(2)]
+                await running_tokens(s, 2, 5)
+                with_signal(proc, signal.SIGSTOP)
+                frozen_at = time.monotonic()
+                results = await asyncio.wait_for(asyncio.gather(*streams), 120)  # no hang
+                async with session.post(s.url + "/v1/completions", json=body(4)) as resp:
+                    refused = {"status": resp.status, "body": await resp.json(),
+                               "retry_after": resp.headers.get("Retry-After")}
+                return list(results), frozen_at, refused
+
+        results, frozen_at, refused = asyncio.run(scenario())
+        for r in results:
+            assert r.status == 200 and 5 <= len(r.token_ids) < 1900, r.error
+            assert r.error is not None and r.error["code"] == "backend_failed", r.error
+            assert "stall" in r.error["message"]
+            # the error came within the stall timeout of the freeze (+ slack for this VM)
+            assert r.end_s - frozen_at <= STALL_S + 4, r.end_s - frozen_at
+        assert refused["status"] == 503 and refused["body"]["error"]["code"] == \
+            "backend_unavailable"
+        assert int(refused["retry_after"]) >= 1
+        assert get_json(s.url + "/ready")[0] == 503
+        with_signal(proc, signal.SIGCONT)
+        wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 120, "ready after SIGCONT")
+        status, _, doc = post(s.url + "/v1/completions", body(8))
+        assert status == 200 and doc["usage"]["completion_tokens"] == 8, doc
+    finally:
+        with_signal(proc, signal.SIGCONT)
+        for side in started:
+            side.close()
+
+
+def test_killed_vllm_fails_running_streams_and_keeps_the_queue(
+    own_vllm: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    proc, url = own_vllm
+    started: list[SidecarProcess] = []
+    s = make_factory(url, tmp_path, started)(
+        {"admission": {"maxWaitingSeconds": 300}, "scheduler": {"preemption": {"enabled": False}}},
+        max_running=1, extra_args=["--drain-seconds", "1"])
+    try:
+        async def scenario() -> tuple[StreamResult, list[StreamResult], dict[str, Any], float]:
+            async with aiohttp.ClientSession() as session:
+                victim = asyncio.create_task(stream_completion(session, s.url, body(1900)))
+                await running_tokens(s, 1, 5)
+                queued = [asyncio.create_task(stream_completion(session, s.url, body(8)))
+                          for _ in range(2)]
+                deadline = time.monotonic() + 60
+                while s.state()["waiting"] < 2:
+                    assert time.monotonic() < deadline and not victim.done()
+                    await asyncio.sleep(0.02)
+                with_signal(proc, signal.SIGKILL)
+                killed_at = time.monotonic()
+                hit = await asyncio.wait_for(victim, 60)
+                wait_until(lambda: get_json(s.url + "/ready")[0] == 503, 30, "/ready 503")
+                _, ready = get_json(s.url + "/ready")
+                await asyncio.sleep(2)
+                assert not any(t.done() for t in queued), "a queued request was dropped"
+                # the pod is stopped: the queued requests end with an error, not silently
+                os.kill(s.proc.pid, signal.SIGTERM)
+                rest = await asyncio.wait_for(asyncio.gather(*queued), 60)
+                return hit, list(rest), ready, killed_at
+
+        hit, rest, ready, killed_at = asyncio.run(scenario())
+        assert hit.status == 200 and 5 <= len(hit.token_ids) < 1900
+        assert hit.error is not None and hit.error["code"] == "backend_failed"
+        assert hit.end_s - killed_at < 10
+        assert ready["ready"] is False and ready["reason"]
+        for r in rest:
+            assert r.status == 503 and r.error is not None, (r.status, r.error)
+            assert r.error["code"] in ("shutting_down", "backend_unavailable")
+        assert s.proc.wait(30) == 0
+    finally:
+        for side in started:
+            side.close()
+
+
+# ---- shutdown ------------------------------------------------------------------------------
+def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(sidecar: Factory) -> None:
+    s = sidecar({"admission": {"maxWaitingSeconds": 300},
+                 "scheduler": {"preemption": {"enabled": False}}},
+                max_running=4, extra_args=["--drain-seconds", "3"])
+
+    async def scenario() -> tuple[list[StreamResult], float]:
+        async with aiohttp.ClientSession() as session:
+            streams = [asyncio.create_task(stream_completion(session, s.url, body(1900)))
+                       for _ in range(12)]  # three waves of four
+            await running_tokens(s, 4, 5)
+            os.kill(s.proc.pid, signal.SIGTERM)
+            term_at = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, s.proc.wait, 60)
+            exited = time.monotonic() - term_at
+            return list(await asyncio.wait_for(asyncio.gather(*streams), 30)), exited
+
+    results, exited = asyncio.run(scenario())
+    assert s.proc.returncode == 0
+    assert exited <= 5.0, f"exited {exited:.1f} s after SIGTERM with --drain-seconds 3"
+    cut = 0
+    for r in results:
+        complete = r.status == 200 and r.error is None and len(r.token_ids) == 1900
+        if complete:
+            continue
+        assert r.error is not None, (r.status, len(r.token_ids))  # never silently cut
+        assert r.error["code"] in ("shutting_down", "backend_unavailable"), r.error
+        cut += 1
+        if r.status == 200:  # a stream that had started: its last event is the error
+            assert r.finish_reason is None
+    assert cut >= 1
+
+
+# ---- the analyzer, a black hole ------------------------------------------------------------
+class BlackHole:
+    """Accepts TCP connections and never answers (nor closes them)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_analyzer_black_hole_does_not_stall_requests(sidecar: Factory) -> None:
+    hole = BlackHole()
+    try:
+        s = sidecar(extra_args=["--analyzer", f"127.0.0.1:{hole.port}"])
+        started = time.monotonic()
+        for i in range(5):
+            status, _, doc = post(s.url + "/v1/completions",
+                                  body(8, slo={"program_id": "job", "stage": i, "stages": 5})
+                                  if i % 2 else body(8))
+            assert status == 200 and doc["usage"]["completion_tokens"] == 8, doc
+        assert time.monotonic() - started < 60
+        text = get_text(s.url + "/metrics")
+        assert metric(text, "jitserve_analyzer_client_fallbacks_total") >= 1
+        assert get_json(s.url + "/ready")[0] == 200
+    finally:
+        hole.close()
+
+
+# ---- policy and key files ------------------------------------------------------------------
+def test_keys_configured_but_not_loadable_refuse_everyone(sidecar: Factory,
+                                                          tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.yaml"
+    keys_file.write_text("")
+    s = sidecar(ready=False, extra_args=["--api-keys-file", str(keys_file),
+                                         "--admin-key", "admin"])
+    url = s.url + "/v1/completions"
+    served_without_key = 0
+
+    def try_without_a_valid_key(expect: int) -> None:
+        nonlocal served_without_key
+        for headers in ({}, {"Authorization": "Bearer guess"}, {"x-tenant": "team-a"},
+                        {"Authorization": "Bearer "}):
+            status, _, doc = post(url, body(2), headers)
+            served_without_key += status == 200
+            assert status == expect, (headers, status, doc)
+            assert doc["error"]["code"] == ("auth_unavailable" if expect == 503
+                                            else "invalid_api_key")
+
+    phases = [
+        ("", "empty file"),
+        ("team-a: [\n", "corrupt file"),
+        ("- just\n- a list\n", "not a mapping"),
+        (b"\xff\xfe\x00", "not UTF-8"),
+        (None, "missing file"),
+    ]
+    for content, what in phases:
+        if content is None:
+            keys_file.unlink()
+        elif isinstance(content, bytes):
+            keys_file.write_bytes(content)
+        else:
+            keys_file.write_text(content)
+        time.sleep(0.6)  # three reload intervals
+        status, ready = get_json(s.url + "/ready")
+        assert status == 503 and "API keys" in ready["reason"], (what, ready)
+        try_without_a_valid_key(503)
+    keys_file.write_text(yaml.safe_dump({"team-a": "key-a"}))
+    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 15, "keys loaded")
+    try_without_a_valid_key(401)
+    status, _, doc = post(url, body(2), {"Authorization": "Bearer key-a"})
+    assert status == 200 and doc["jitserve"]["tenant"] == "team-a"
+    assert served_without_key == 0
+    text = get_text(s.url + "/metrics", {"Authorization": "Bearer admin"})
+    assert metric(text, "jitserve_requests_total") == 1  # only the one with a key
+    log = s.log_path.read_text()
+    assert "Traceback" not in log
+
+
+def test_missing_secrets_fail_closed(sidecar: Factory, tmp_path: Path) -> None:
+    keys_dir = tmp_path / "keys"
+    keys_dir.mkdir()
+    policy = {"fairness": {"tenants": [{"name": "team-a", "apiKeySecret": "team-a-key"}]}}
+    s = sidecar(policy, ready=False, extra_args=["--keys-dir", str(keys_dir)])
+    status, ready = get_json(s.url + "/ready")
+    assert status == 503 and "team-a" in ready["reason"], ready
+    status, _, doc = post(s.url + "/v1/completions", body(2))
+    assert status == 503 and doc["error"]["code"] == "auth_unavailable", doc
+    s.config.write_text("")  # an emptied policy file keeps the last good one (keys stay on)
+    time.sleep(0.6)
+    status, ready = get_json(s.url + "/ready")
+    assert status == 503 and "empty" in ready["config_error"], ready
+    status, _, doc = post(s.url + "/v1/completions", body(2))
+    assert status == 503 and doc["error"]["code"] == "auth_unavailable", doc
+    (keys_dir / "team-a-key").write_text("key-a\n")
+    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 15, "the Secret to load")
+    assert post(s.url + "/v1/completions", body(2))[0] == 401
+    status, _, doc = post(s.url + "/v1/completions", body(2), {"Authorization": "Bearer key-a"})
+    assert status == 200 and doc["jitserve"]["tenant"] == "team-a", doc
+
+
+def test_bad_policy_files_are_reported_and_the_last_good_one_kept(sidecar: Factory) -> None:
+    s = sidecar({"scheduler": {"policy": "gmax", "cutoff": {"mode": "fixed", "value": 0.7}},
+                 "fairness": {"weight": 0.3}})
+    for errors, (content, needle) in enumerate([
+        (b"scheduler:\n  policy: gmax\n\xff\xfe bad bytes\n", "utf-8"),
+        (b"scheduler:\n  policy: no-such-scheduler\n", "no-such-scheduler"),
+        (b"", "empty"),
+        (b"scheduler: [1, 2\n", "cannot read"),
+        (b"   \n", "empty"),
+    ], start=1):
+        s.config.write_bytes(content)
+        wait_until(lambda needle=needle: needle in (get_json(s.url + "/ready")[1].get(
+            "config_error") or "").lower(), 15, f"the error about {needle}")
+        status, ready = get_json(s.url + "/ready")
+        assert status == 200, ready  # the last good policy serves on
+        state = s.state()
+        assert state["policy"] == "gmax" and state["describe"]["cutoff"] == 0.7
+        assert post(s.url + "/v1/completions", body(2))[0] == 200
+        text = get_text(s.url + "/metrics")
+        assert metric(text, "jitserve_config_reloads_total", result="error") == errors
+        assert metric(text, "jitserve_fairness_weight") == 0.3
+    s.config.write_text(yaml.safe_dump({"scheduler": {"policy": "fcfs"}}))
+    wait_until(lambda: s.state()["policy"] == "fcfs", 15, "the good file to apply")
+    assert get_json(s.url + "/ready")[1].get("config_error") is None
+    assert "Traceback" not in s.log_path.read_text()
+
+
+# ---- hostile compound programs -------------------------------------------------------------
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_hostile_programs_do_not_grow_memory(sidecar: Factory) -> None:
+    """300 compound requests, each a new program asking for the most it can (stages,
+    deadlines from the body and from headers, 1e308 included): the ones over the limits
+    are 400s, the others are served, and the sidecar's RSS grows by less than 50 MB."""
+    s = sidecar()
+    for i in range(10):  # warm up the code paths before measuring
+        post(s.url + "/v1/completions", body(1, slo={"program_id": f"warm-{i}", "stages": 2}))
+    before = rss_kib(s.proc.pid)
+    hostile: list[tuple[dict[str, Any], dict[str, str]]] = [
+        ({"program_id": "p", "stages": 10_000}, {}),
+        ({"program_id": "p", "stages": 64, "deadline_s": 86_400}, {}),
+        ({"program_id": "p", "stages": 64}, {"x-slo-deadline-ms": "1e308"}),
+        ({"program_id": "p", "stage": 63, "stages": 64, "parent_ids": ["x" * 256] * 1024}, {}),
+        ({"program_id": "p", "stages": 64, "deadline_s": 3600}, {}),
+    ]
+
+    async def scenario() -> list[int]:
+        sem = asyncio.Semaphore(8)
+        async with aiohttp.ClientSession() as session:
+
+            async def one(i: int) -> int:
+                slo, headers = hostile[i % len(hostile)]
+                doc = body(1, slo={**slo, "program_id": f"hostile-{i}"})
+                async with sem, session.post(s.url + "/v1/completions", json=doc,
+                                             headers=headers) as resp:
+                    await resp.read()
+                    return resp.status
+
+            return list(await asyncio.gather(*(one(i) for i in range(300))))
+
+    statuses = asyncio.run(scenario())
+    grown_mb = (rss_kib(s.proc.pid) - before) / 1024
+    assert statuses.count(400) == 180 and statuses.count(200) == 120, statuses
+    assert grown_mb < 50, f"RSS grew {grown_mb:.1f} MB"
