@@ -26,9 +26,10 @@ MAX_MODEL_LEN = 4096
 class FakeVLLM:
     """FAKE backend on 127.0.0.1:``port`` in its own thread and event loop."""
 
-    def __init__(self, port: int, interval_s: float = 0.02) -> None:
+    def __init__(self, port: int, interval_s: float = 0.02, token_text_bytes: int = 0) -> None:
         self.port = port
         self.interval_s = interval_s
+        self.pad = "x" * token_text_bytes  # a long text per token: more bytes per event
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -110,7 +111,8 @@ class FakeVLLM:
             await asyncio.sleep(self.interval_s)
             finish = '"length"' if i == n - 1 else "null"
             chunk = (
-                f'{{"choices": [{{"index": 0, "text": "t{i} ", "token_ids": [{100 + i % 800}], '
+                f'{{"choices": [{{"index": 0, "text": "t{i}{self.pad} ", '
+                f'"token_ids": [{100 + i % 800}], '
                 f'"finish_reason": {finish}}}]}}'
             )
             await resp.write(f"data: {chunk}\n\n".encode())

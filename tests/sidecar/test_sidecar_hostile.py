@@ -192,10 +192,24 @@ def test_per_request_backend_errors_do_not_take_the_backend_down(sidecar: Factor
         metric(text, "jitserve_rejections_total", reason="backend_down")
 
 
-def test_slow_reader_is_cut_off_not_buffered(sidecar: Factory) -> None:
+def test_slow_reader_is_cut_off_not_buffered(tmp_path: Path) -> None:
     """A client that stops reading: its stream holds at most --max-buffered-tokens, then
-    its vLLM request is aborted and its connection closed after --body-timeout."""
-    s = sidecar(extra_args=["--max-buffered-tokens", "64", "--body-timeout", "3"])
+    its vLLM request is aborted and its connection closed after --body-timeout. (1 KB of
+    text per token: 4 MB in all, more than socket buffers can hide.)"""
+    fake = FakeVLLM(free_port(), interval_s=0.001, token_text_bytes=1024)
+    config = tmp_path / "policy.yaml"
+    config.write_text("{}")
+    s = SidecarProcess(f"http://127.0.0.1:{fake.port}", config=config,
+                       extra_args=["--max-buffered-tokens", "64", "--body-timeout", "3"])
+    try:
+        s.wait_ready()
+        slow_reader(s)
+    finally:
+        s.close()
+        fake.close()
+
+
+def slow_reader(s: SidecarProcess) -> None:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", s.port))
