@@ -572,7 +572,9 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
 
     async def scenario() -> tuple[StreamResult, int, int]:
         async with aiohttp.ClientSession() as session:
-            running = asyncio.create_task(stream_completion(session, s.url, body(300)))
+            # long enough to be still running when the refused request comes (the sidecar
+            # exits as soon as nothing is left to drain)
+            running = asyncio.create_task(stream_completion(session, s.url, body(1900)))
             while not s.state()["running"]:
                 await asyncio.sleep(0.01)
             os.kill(s.proc.pid, signal.SIGTERM)
@@ -584,5 +586,5 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
 
     result, refused, retry_after = asyncio.run(scenario())
     assert refused == 503 and retry_after >= 1
-    assert result.status == 200 and result.error is None and len(result.token_ids) == 300
+    assert result.status == 200 and result.error is None and len(result.token_ids) == 1900
     assert s.proc.wait(30) == 0

@@ -159,6 +159,10 @@ def test_poison_tenant_does_not_take_the_pod_out_of_service(sidecar: Factory) ->
         assert status == 400, doc
         assert doc["error"]["param"] == ("prompt" if i % 2 == 0 else "stop_token_ids"), doc
         assert doc["error"]["code"] == "invalid_value" and doc["error"]["message"]
+    print(f"poison: victim {len(served)}/{len(victims)} served, /ready 200 in "
+          f"{ready_samples.count(200)}/{len(ready_samples)} samples, poison statuses "
+          f"{sorted({st for st, _ in poisons})} params "
+          f"{sorted({d['error']['param'] for _, d in poisons})}")
     text = get_text(s.url + "/metrics")
     assert metric(text, "jitserve_backend_up") == 1
     assert metric(text, "jitserve_requests_total", tenant="victim", outcome="met") == 60
@@ -191,6 +195,8 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
                 return list(results), frozen_at, refused
 
         results, frozen_at, refused = asyncio.run(scenario())
+        print("stall: error events", [round(r.end_s - frozen_at, 2) for r in results],
+              f"s after SIGSTOP (stall timeout {STALL_S} s)")
         for r in results:
             assert r.status == 200 and 5 <= len(r.token_ids) < 1900, r.error
             assert r.error is not None and r.error["code"] == "backend_failed", r.error
@@ -274,6 +280,9 @@ def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(sidecar: F
             return list(await asyncio.wait_for(asyncio.gather(*streams), 30)), exited
 
     results, exited = asyncio.run(scenario())
+    print(f"drain: exit {exited:.2f} s after SIGTERM (--drain-seconds 3); "
+          f"{sum(r.error is not None for r in results)} of {len(results)} got an error, "
+          f"{sum(r.error is None for r in results)} completed")
     assert s.proc.returncode == 0
     assert exited <= 5.0, f"exited {exited:.1f} s after SIGTERM with --drain-seconds 3"
     cut = 0
@@ -473,5 +482,7 @@ def test_hostile_programs_do_not_grow_memory(sidecar: Factory) -> None:
 
     statuses = asyncio.run(scenario())
     grown_mb = (rss_kib(s.proc.pid) - before) / 1024
+    print(f"programs: RSS {before / 1024:.1f} MB -> +{grown_mb:.1f} MB after 300 hostile "
+          f"compound requests ({statuses.count(400)} refused, {statuses.count(200)} served)")
     assert statuses.count(400) == 180 and statuses.count(200) == 120, statuses
     assert grown_mb < 50, f"RSS grew {grown_mb:.1f} MB"
