@@ -10,12 +10,15 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.devstack import vllm as vl
@@ -186,3 +189,30 @@ def alternates(ids: list[int]) -> bool:
     """The tiny dummy model's greedy output is a strict two-token cycle ABAB...: a token
     duplicated, dropped or reordered at a preemption boundary breaks it."""
     return len(ids) >= 2 and all(ids[i] == ids[i % 2] for i in range(len(ids))) and ids[0] != ids[1]
+
+
+Factory = Callable[..., SidecarProcess]
+
+
+def make_factory(backend_url: str, tmp_path: Path, started: list[SidecarProcess]) -> Factory:
+    def make(policy: dict[str, Any] | None = None, *, ready: bool = True,
+             **settings: Any) -> SidecarProcess:
+        config = tmp_path / f"policy-{len(started)}.yaml"
+        config.write_text(yaml.safe_dump(policy or {}))
+        s = SidecarProcess(backend_url, config=config, **settings)
+        started.append(s)
+        if ready:
+            s.wait_ready()
+        else:
+            s.wait_up()
+        return s
+
+    return make
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
