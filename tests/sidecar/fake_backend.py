@@ -26,9 +26,13 @@ MAX_MODEL_LEN = 4096
 class FakeVLLM:
     """FAKE backend on 127.0.0.1:``port`` in its own thread and event loop."""
 
-    def __init__(self, port: int, interval_s: float = 0.02, token_text_bytes: int = 0) -> None:
+    def __init__(self, port: int, interval_s: float = 0.02, token_text_bytes: int = 0,
+                 first_token_delay_s: float = 0.0, pause_at: int | None = None) -> None:
         self.port = port
         self.interval_s = interval_s
+        self.first_token_delay_s = first_token_delay_s  # as if queued inside vLLM
+        self.pause_at = pause_at  # after this many tokens, go silent (a frozen engine)
+        self.resume = asyncio.Event()
         self.pad = "x" * token_text_bytes  # a long text per token: more bytes per event
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -107,8 +111,11 @@ class FakeVLLM:
             await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
             return resp
         n = int(doc["max_tokens"])
+        await asyncio.sleep(self.first_token_delay_s)
         for i in range(n):
             await asyncio.sleep(self.interval_s)
+            if i == self.pause_at:
+                await self.resume.wait()
             finish = '"length"' if i == n - 1 else "null"
             chunk = (
                 f'{{"choices": [{{"index": 0, "text": "t{i}{self.pad} ", '

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_backend import FakeVLLM
-from sidecar_support import SidecarProcess, get_json, get_text, metric, post
+from sidecar_support import SidecarProcess, get_json, get_text, metric, post, stream
 
 from jitserve.devstack.vllm import free_port
 
@@ -232,3 +232,34 @@ def slow_reader(s: SidecarProcess) -> None:
             data += chunk
     assert data.count(b"data: {") < 4000
     assert b"client_too_slow" in data or not data.endswith(b"data: [DONE]\n\n")
+
+
+def test_stall_timeout_counts_only_once_tokens_flow(tmp_path: Path) -> None:
+    """A request waiting for its first token (queued inside vLLM, or in prefill) is not
+    stalled however long it waits; a stream whose tokens stop is failed within the stall
+    timeout (the real vLLM frozen: test_sidecar_vllm_faults.py)."""
+    config = tmp_path / "policy.yaml"
+    config.write_text("{}")
+    slow_start = FakeVLLM(free_port(), interval_s=0.001, first_token_delay_s=3.0)
+    frozen = FakeVLLM(free_port(), interval_s=0.001, pause_at=10)
+    sidecars = [SidecarProcess(f"http://127.0.0.1:{fake.port}", config=config,
+                               extra_args=["--stall-timeout", "1"])
+                for fake in (slow_start, frozen)]
+    try:
+        for s in sidecars:
+            s.wait_ready()
+        status, _, doc = post(sidecars[0].url + "/v1/completions",
+                              {"prompt": [1, 2], "max_tokens": 20})
+        assert status == 200 and doc["usage"]["completion_tokens"] == 20, doc
+        s = sidecars[1]
+        result = stream(s.url, {"prompt": [1, 2], "max_tokens": 20})
+        assert result.status == 200 and len(result.token_ids) == 10
+        assert result.error is not None and result.error["code"] == "backend_failed"
+        assert "stall" in result.error["message"]
+        assert result.end_s - result.token_times[-1] < 1 + 4  # the timeout, and slack
+    finally:
+        frozen.loop.call_soon_threadsafe(frozen.resume.set)
+        for s in sidecars:
+            s.close()
+        slow_start.close()
+        frozen.close()

@@ -9,15 +9,16 @@ client disconnect (``AsyncLLM.generate`` -> ``abort`` on cancellation).
 
 Errors: :class:`BackendUnavailable` when vLLM cannot be reached or the stream breaks
 (connection refused/reset, truncated stream, engine dead: HTTP 5xx, or a 5xx error event
-inside the stream); :class:`BackendStalled` (a kind of it) when a running stream sends
-nothing for ``stall_timeout_s``; :class:`BackendError` for what vLLM says about the
-request itself: a 4xx answer, or a 4xx error event inside a 200 stream (vLLM validates
-token ids and sampling parameters only once the stream has started). Only the first two
-mean "the backend is down"; a :class:`BackendError` concerns one request.
+inside the stream); :class:`BackendStalled` (a kind of it) when a stream whose tokens
+were flowing sends nothing for ``stall_timeout_s``; :class:`BackendError` for what vLLM
+says about the request itself: a 4xx answer, or a 4xx error event inside a 200 stream
+(vLLM validates token ids and sampling parameters only once the stream has started). Only
+the first two mean "the backend is down"; a :class:`BackendError` concerns one request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -182,9 +183,12 @@ class VLLMBackend:
         priority: int,
         request_id: str,
     ) -> AsyncIterator[Chunk]:
-        """Stream one dispatch; closing the generator early aborts it in vLLM. Every read
-        (the answer's head, then each piece of the stream) must come within
-        ``stall_timeout_s``, or :class:`BackendStalled` is raised."""
+        """Stream one dispatch; closing the generator early aborts it in vLLM.
+
+        Stall timeout: the answer's head must come within ``stall_timeout_s`` (vLLM sends
+        it at once, queued or not), and once tokens flow, each next read too; else
+        :class:`BackendStalled`. Before the first token there is no bound: the request
+        may wait in vLLM's own queue or prefill (health checks watch vLLM meanwhile)."""
         body = {
             **sampling,
             "model": model,
@@ -196,14 +200,17 @@ class VLLMBackend:
             "request_id": request_id,
         }
         finished = False
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
-                                        sock_read=self.stall_timeout_s)
+        flowing = False
+        stall = self.stall_timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         try:
-            resp = await self.session.post(self.base_url + "/v1/completions", json=body,
-                                           headers={"X-Request-Id": request_id}, timeout=timeout)
-        except aiohttp.SocketTimeoutError as err:
+            async with asyncio.timeout(stall):
+                resp = await self.session.post(self.base_url + "/v1/completions", json=body,
+                                               headers={"X-Request-Id": request_id},
+                                               timeout=timeout)
+        except TimeoutError as err:
             raise self._stalled() from err
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+        except (aiohttp.ClientError, OSError) as err:
             raise BackendUnavailable(f"/v1/completions: {type(err).__name__}: {err}") from err
         try:
             if resp.status != 200:
@@ -215,7 +222,14 @@ class VLLMBackend:
             # Parse whole reads, not lines: one pass per network read, however many
             # events it holds (vLLM writes "data: {...}\n\n" per step and request).
             buffer = b""
-            async for data in resp.content.iter_any():
+            while True:
+                try:
+                    async with asyncio.timeout(stall if flowing else None):
+                        data = await resp.content.readany()
+                except TimeoutError as err:
+                    raise self._stalled() from err
+                if not data:
+                    break
                 buffer += data
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
@@ -232,14 +246,13 @@ class VLLMBackend:
                     if not choices:
                         continue
                     choice = choices[0]
-                    yield Chunk(choice.get("token_ids") or [], choice.get("text") or "",
-                                choice.get("finish_reason"))
+                    ids = choice.get("token_ids") or []
+                    flowing = flowing or bool(ids)
+                    yield Chunk(ids, choice.get("text") or "", choice.get("finish_reason"))
                 if finished:
                     break
             if not finished:
                 raise BackendUnavailable("backend stream ended before [DONE]")
-        except aiohttp.SocketTimeoutError as err:
-            raise self._stalled() from err
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
             raise BackendUnavailable(
                 f"backend stream broke: {type(err).__name__}: {err}") from err
