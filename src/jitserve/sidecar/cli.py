@@ -13,7 +13,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="with keys on and no --admin-port: the key /metrics and "
                    "/debug/scheduler need on the API port (repeatable)")
     p.add_argument("--drain-seconds", type=float, default=20.0,
-                   help="on SIGTERM: refuse new requests, let queued and running ones finish "
-                   "for this long, then end the rest with an error event and exit")
+                   help="on SIGTERM: refuse new requests, let queued and running ones finish, "
+                   "end the rest with an error event and exit, all within this long")
     p.add_argument("--stall-timeout", type=float, default=30.0,
                    help="seconds a running vLLM stream may stay silent before its request "
                    "fails (0: never)")
@@ -127,7 +129,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise _cli_error(f"policy file: {err}") from err
     except OSError as err:
         raise _cli_error(str(err)) from err
-    return 0
+    # Everything is closed (streams ended, sockets, vLLM client, analyzer client): exit
+    # now. The interpreter's own teardown took up to 2 s on a loaded machine, past the
+    # drain bound a pod's grace period counts on.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def register(subparsers: Any) -> Any:

@@ -15,8 +15,9 @@ Owner: sidecar. Routes:
 Reading requests safely is :mod:`~jitserve.sidecar.intake`, writing answers
 :mod:`~jitserve.sidecar.responses`. Connections must send their headers within
 ``header_timeout_s`` (idle keep-alive connections close after it too). Shutdown
-(:func:`serve`) is bounded: ``drain_s`` for the queued and running requests, then every
-open stream gets a final error event and the process stops within about a second.
+(:func:`serve`) is bounded by ``drain_s`` in all: the queued and running requests get all
+but the last :data:`CLOSE_S` of it to finish, then every one still open gets a final error
+event and the server closes.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from jitserve.slo import SLOError
 
 log = logging.getLogger("jitserve.sidecar")
 
-HANDLER_GRACE_S = 1.0
-"""After the drain, how long open handlers get to send their final error event."""
+CLOSE_S = 1.0
+"""The end of the drain reserved for ending open requests with an error and closing."""
+HANDLER_GRACE_S = 0.5
+"""How long open handlers get to send their final error event (within CLOSE_S)."""
 
 
 class SidecarServer:
@@ -195,11 +198,10 @@ class SidecarServer:
 
     async def shutdown(self, drain_s: float) -> None:
         """Refuse new requests, let the queued and running ones finish for up to
-        ``drain_s``, then end every one still open with an error event (within
-        :data:`HANDLER_GRACE_S`)."""
+        ``drain_s - CLOSE_S``, then end every one still open with an error event."""
         d = self.dispatcher
         d.draining = True
-        deadline = time.monotonic() + drain_s
+        deadline = time.monotonic() + max(0.0, drain_s - CLOSE_S)
         while d.jobs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         log.info("drain over: %d open requests end with an error event", len(d.jobs))
@@ -379,8 +381,8 @@ class SidecarServer:
 async def serve(settings: SidecarSettings, stop: asyncio.Event | None = None,
                 drain_s: float = 20.0) -> None:
     """Run a sidecar until ``stop`` is set (or forever); then refuse new requests, let
-    the queued and running ones finish for up to ``drain_s``, end the rest with an
-    error event, and stop (about ``drain_s`` + 1 s in all)."""
+    the queued and running ones finish, end the rest with an error event, and stop:
+    ``drain_s`` in all."""
     server = SidecarServer(settings)
     port = await server.start()
     log.info("jitserve sidecar on http://%s:%d -> %s (policy %s)%s", settings.host, port,
