@@ -263,3 +263,16 @@ def test_stall_timeout_counts_only_once_tokens_flow(tmp_path: Path) -> None:
             s.close()
         slow_start.close()
         frozen.close()
+
+
+def test_admin_port_serves_metrics_and_debug_off_the_api_port(sidecar: Factory) -> None:
+    admin_port = free_port()
+    s = sidecar(api_keys={"key-a": "team-a"}, extra_args=["--admin-port", str(admin_port)])
+    admin = f"http://127.0.0.1:{admin_port}"
+    for path in ("/metrics", "/debug/scheduler"):
+        status, doc = get_json(s.url + path, {"Authorization": "Bearer key-a"})
+        assert status == 404 and doc["error"]["code"] == "not_found", (path, doc)
+    assert "jitserve_backend_up" in get_text(admin + "/metrics")
+    status, doc = get_json(admin + "/debug/scheduler")
+    assert status == 200 and doc["ready"] is True
+    assert get_json(admin + "/ready")[0] == 200
