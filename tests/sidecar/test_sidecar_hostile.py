@@ -173,6 +173,9 @@ def test_made_up_tenants_share_one_label(sidecar: Factory) -> None:
                if line.startswith("jitserve_requests_total{")}
     assert tenants == {"other", "team-a"}
     assert metric(text, "jitserve_requests_total", tenant="other") == 40
+    queued = {line.split('tenant="')[1].split('"')[0] for line in text.splitlines()
+              if line.startswith("jitserve_queue_time_seconds_count{")}
+    assert queued == {"other", "team-a"}
 
 
 def test_per_request_backend_errors_do_not_take_the_backend_down(sidecar: Factory,

@@ -50,10 +50,7 @@ class TenantFamily:
         self._metrics = metrics
 
     def labels(self, tenant: str, *rest: str) -> Any:
-        known = self._metrics.known_tenants
-        if known is not None and tenant not in known:
-            tenant = OTHER_TENANT
-        return self.family.labels(tenant, *rest)
+        return self.family.labels(self._metrics.tenant_label(tenant), *rest)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.family, name)
@@ -115,9 +112,15 @@ class SidecarMetrics:
             child = self._by_kind[key] = getattr(self, family).labels(kind)
         return child
 
+    def tenant_label(self, tenant: str) -> str:
+        """``tenant``, or ``other`` when it is outside the known set."""
+        known = self.known_tenants
+        return OTHER_TENANT if known is not None and tenant not in known else tenant
+
     def queued(self, req: Request, now: float) -> None:
         """``req`` is dispatched to vLLM for the first time at ``now``."""
-        self.queue_time.labels(req.kind.value, req.tenant).observe(max(0.0, now - req.arrival_s))
+        self.queue_time.labels(req.kind.value, self.tenant_label(req.tenant)).observe(
+            max(0.0, now - req.arrival_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
