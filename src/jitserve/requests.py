@@ -37,6 +37,9 @@ class Request:
     """The prompt, when known (the sidecar has it; simulated workloads do not)."""
     program_id: str | None = None
     stage: int = 0
+    preemptible: bool = True
+    """False: a frame plan never preempts it (the sidecar's forwarded requests: their
+    structured-output, tool or logprobs state cannot be resumed as a continuation)."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

@@ -343,7 +343,7 @@ class Lifecycle:
         for retirement in plan.retire:
             result.retired += self.retire(retirement.request, retirement.reason, now_s)
         for r in plan.preempt:
-            if r.phase is Phase.RUNNING:
+            if r.phase is Phase.RUNNING and r.req.preemptible:
                 self.preempt(r, now_s)
                 result.preempted.append(r)
         return result

@@ -7,8 +7,10 @@ passed through) and the request's SLO. The SLO comes from, in this order:
 1. the body's ``slo`` object (``kind``, ``ttft_ms``, ``tbt_ms``/``tpot_ms``,
    ``deadline_s``/``deadline_ms``, ``class``, compound ``program_id``/``stage``/
    ``parent_ids``/``stages``);
-2. the headers other gateways use (``x-slo-ttft-ms``, ``x-slo-tpot-ms``/``x-slo-tbt-ms``,
-   ``x-slo-deadline-ms``, ``x-slo-class``);
+2. the headers gateways use: llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``
+   (their older names ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` / ``x-slo-tbt-ms`` as aliases),
+   ``x-slo-deadline-ms``, ``x-slo-class``, and the Gateway API Inference Extension's
+   ``x-gateway-inference-objective`` (an SLO class of that name in the policy);
 3. the named class's values, then the policy's per-kind defaults (``sloDefaults``).
 
 A request with no SLO at all is best effort (the policy's default deadline). Every
@@ -17,6 +19,12 @@ with the path the client used (``slo.ttft_ms``, ``x-slo-ttft-ms``, ``max_tokens`
 The policy's ``limits`` bound what a client may ask, body and headers alike: every SLO
 value (``maxSloSeconds``), a program's ``stages`` (``maxStages``) and its deadline,
 given or derived from its stages (``maxProgramSeconds``).
+
+Body fields: the ones named here, the sampling parameters of :data:`PASSTHROUGH` (sent
+with the token-id path), and the fields of :data:`FORWARDED` (structured outputs, tools,
+logprobs, ``n``...): a request using one of those is *forwarded* as the client sent it to
+vLLM's own endpoint (:attr:`ParsedRequest.forward`). Any other field is refused with a
+400 naming it: none is dropped silently.
 """
 
 from __future__ import annotations
@@ -42,18 +50,45 @@ PASSTHROUGH = (
     "presence_penalty", "frequency_penalty", "repetition_penalty", "skip_special_tokens",
     "spaces_between_special_tokens", "include_stop_str_in_output",
 )
-# Accepted only at their neutral value: they cannot survive a preemption-continuation.
-_UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0), "suffix": (None, ""), "tools": (None, []),
-    "response_format": (None,), "prompt_logprobs": (None,), "use_beam_search": (None, False),
+# Fields vLLM's own endpoints take that the token-id path cannot honour (structured
+# outputs, tools, logprobs, several choices, chat template options...): a request using
+# one (at a value other than its neutral one) is forwarded to vLLM as sent, not preempted.
+FORWARDED: dict[str, tuple[object, ...]] = {
+    "response_format": (None,), "structured_outputs": (None,), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
+    "logprobs": (None, False), "top_logprobs": (None,), "prompt_logprobs": (None,),
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
+    "logit_bias": (None,), "tools": (None,), "tool_choice": (None,),
+    "parallel_tool_calls": (None,), "chat_template": (None,), "chat_template_kwargs": (None,),
+    "add_generation_prompt": (None,), "continue_final_message": (None,), "documents": (None,),
+    "reasoning_effort": (None,), "include_reasoning": (None,), "bad_words": (None,),
+    "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
+    "add_special_tokens": (None,), "use_beam_search": (None, False),
+    "length_penalty": (None,), "mm_processor_kwargs": (None,), "vllm_xargs": (None,),
 }
+# Accepted and not sent to vLLM: request metadata with no effect on the output.
+_IGNORED = ("user", "metadata", "store", "service_tier")
+# Fields jitserve sets itself: a client value is refused (it would be silently replaced).
+_OWNED = {
+    "priority": "jitserve sets vLLM's priority from the scheduler; give an SLO (slo, "
+                "x-slo-class) instead",
+    "request_id": "send the X-Request-Id header instead",
+}
+_BODY_FIELDS = frozenset({
+    "model", "stream", "stream_options", "max_tokens", "min_tokens", "slo", "app",
+    "return_token_ids", "prompt", "messages", "max_completion_tokens",
+    *PASSTHROUGH, *FORWARDED, *_IGNORED,
+})
 
-HEADER_TTFT = "x-slo-ttft-ms"
-HEADER_TPOT = "x-slo-tpot-ms"
+HEADER_TTFT = "x-llm-d-slo-ttft-ms"
+HEADER_TPOT = "x-llm-d-slo-tpot-ms"
+OLD_TTFT = "x-slo-ttft-ms"
+OLD_TPOT = "x-slo-tpot-ms"
 HEADER_TBT = "x-slo-tbt-ms"
 HEADER_DEADLINE = "x-slo-deadline-ms"
 HEADER_CLASS = "x-slo-class"
+HEADER_OBJECTIVE = "x-gateway-inference-objective"
 
 
 class SLOBody(BaseModel):
@@ -139,6 +174,10 @@ class ParsedRequest:
     program: ProgramRef | None = None
     return_token_ids: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    forward: dict[str, Any] | None = None
+    """The body as the client sent it, less jitserve's own fields, when it uses a field
+    of :data:`FORWARDED`: sent as is to vLLM's endpoint (never preempted)."""
+    n: int = 1
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -203,9 +242,11 @@ def resolve_slo(
     lim = limits or LimitsSettings()
     b = body or SLOBody.model_validate({})
     ttft = _first((b.ttft_ms, "slo.ttft_ms", 1e-3),
-                  (_header_ms(headers, HEADER_TTFT), HEADER_TTFT, 1e-3))
+                  (_header_ms(headers, HEADER_TTFT), HEADER_TTFT, 1e-3),
+                  (_header_ms(headers, OLD_TTFT), OLD_TTFT, 1e-3))
     tbt = _first((b.tbt_ms, "slo.tbt_ms", 1e-3), (b.tpot_ms, "slo.tpot_ms", 1e-3),
                  (_header_ms(headers, HEADER_TPOT), HEADER_TPOT, 1e-3),
+                 (_header_ms(headers, OLD_TPOT), OLD_TPOT, 1e-3),
                  (_header_ms(headers, HEADER_TBT), HEADER_TBT, 1e-3))
     deadline = _first((b.deadline_s, "slo.deadline_s", 1.0),
                       (b.deadline_ms, "slo.deadline_ms", 1e-3),
@@ -218,11 +259,12 @@ def resolve_slo(
     if b.stage is not None and b.stage >= lim.max_stages:
         raise bad_request("slo.stage", f"must be below {lim.max_stages} (limits.maxStages "
                           "of the policy)")
-    class_name = b.class_name or headers.get(HEADER_CLASS)
+    class_name = b.class_name or headers.get(HEADER_CLASS) or headers.get(HEADER_OBJECTIVE)
     no_slo_fields = body is None and ttft is None and tbt is None and deadline is None
     if class_name is None and no_slo_fields:
         class_name = defaults.unspecified_class(tenant_class)
-    class_param = "slo.class" if b.class_name else HEADER_CLASS
+    class_param = ("slo.class" if b.class_name else HEADER_CLASS if headers.get(HEADER_CLASS)
+                   else HEADER_OBJECTIVE)
 
     base: SLO | None = None
     if class_name is not None:
@@ -282,11 +324,28 @@ def resolve_slo(
     return slo, label, program
 
 
-def _check_unsupported(body: _Body) -> None:
-    extra = body.model_extra or {}
-    for name, neutral in _UNSUPPORTED.items():
-        if name in extra and extra[name] not in neutral:
-            raise bad_request(name, "not supported by the jitserve sidecar", code="unsupported")
+def _check_fields(raw: dict[str, Any]) -> bool:
+    """Refuse unknown fields and the ones jitserve sets (400 naming them); True when the
+    request uses a field only vLLM's own endpoint honours (it is then forwarded)."""
+    unknown = sorted(k for k in raw if k not in _BODY_FIELDS and k not in _OWNED)
+    if unknown:
+        names = ", ".join(str(k)[:64] for k in unknown[:10])
+        raise bad_request(str(unknown[0])[:64], f"unknown field(s) {names}: not an OpenAI or "
+                          "vLLM request field jitserve forwards", code="unknown_field")
+    for name, why in _OWNED.items():
+        if raw.get(name) is not None:
+            raise bad_request(name, why, code="unsupported")
+    return any(name in raw and _neutral(raw[name], neutral) is False
+               for name, neutral in FORWARDED.items())
+
+
+def _neutral(value: object, neutral: tuple[object, ...]) -> bool:
+    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
+
+
+def forward_body(raw: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM gets of a forwarded request: the client's body less jitserve's fields."""
+    return {k: v for k, v in raw.items() if k not in ("slo", "app") and k not in _IGNORED}
 
 
 def parse_request(
@@ -305,7 +364,7 @@ def parse_request(
         body: _Body = model.model_validate(raw)
     except ValidationError as err:
         raise _validation_error(err) from err
-    _check_unsupported(body)
+    forwarded = _check_fields(raw)
     extra = body.model_extra or {}
     sampling = {k: extra[k] for k in PASSTHROUGH if k in extra and extra[k] is not None}
     slo, slo_class, program = resolve_slo(body.slo, headers, defaults, tenant_class, limits)
@@ -340,4 +399,10 @@ def parse_request(
         prompt_ids=prompt_ids, messages=messages, sampling=sampling, slo=slo,
         slo_class=slo_class, app=body.app or endpoint, program=program,
         return_token_ids=body.return_token_ids,
+        forward=forward_body(raw) if forwarded else None, n=_choices(raw),
     )
+
+
+def _choices(raw: dict[str, Any]) -> int:
+    n = raw.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 128 else 1

@@ -14,6 +14,11 @@ were flowing sends nothing for ``stall_timeout_s``; :class:`BackendError` for wh
 says about the request itself: a 4xx answer, or a 4xx error event inside a 200 stream
 (vLLM validates token ids and sampling parameters only once the stream has started). Only
 the first two mean "the backend is down"; a :class:`BackendError` concerns one request.
+
+:meth:`VLLMBackend.forward` is the other way in: a request using what only vLLM's own
+endpoints honour (structured outputs, tools, logprobs, ``n``) is sent to
+``/v1/chat/completions`` or ``/v1/completions`` as the client wrote it, and its chunks
+(or whole body) come back as vLLM wrote them.
 """
 
 from __future__ import annotations
@@ -261,3 +266,65 @@ class VLLMBackend:
                 resp.release()
             else:
                 resp.close()  # drop the connection: vLLM aborts the request
+
+    async def forward(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Send ``body`` to vLLM's ``path`` as is; yield each SSE chunk of a streamed
+        request, or the one body of a non-streamed one. Errors as :meth:`stream`;
+        closing the generator early aborts the request in vLLM."""
+        finished = False
+        streamed = bool(body.get("stream"))
+        stall = self.stall_timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        try:
+            async with asyncio.timeout(stall if streamed else None):
+                resp = await self.session.post(self.base_url + path, json=body,
+                                               timeout=timeout)
+        except TimeoutError as err:
+            raise self._stalled() from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
+        try:
+            if resp.status != 200 or not streamed:
+                data = await resp.read()
+                if resp.status >= 500:
+                    raise BackendUnavailable(f"{path}: HTTP {resp.status}")
+                if resp.status != 200:
+                    message, param = _error_message(resp.status, data)
+                    raise BackendError(resp.status, message, param)
+                finished = True
+                yield json.loads(data)
+                return
+            buffer = b""
+            flowing = False
+            while not finished:
+                try:
+                    async with asyncio.timeout(stall if flowing else None):
+                        data = await resp.content.readany()
+                except TimeoutError as err:
+                    raise self._stalled() from err
+                if not data:
+                    break
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = event[5:].strip()
+                    if payload == b"[DONE]":
+                        finished = True
+                        break
+                    doc = json.loads(payload)
+                    if "error" in doc:
+                        raise stream_error(doc["error"])
+                    flowing = flowing or bool(doc.get("choices"))
+                    yield doc
+            if not finished:
+                raise BackendUnavailable("backend stream ended before [DONE]")
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
+            raise BackendUnavailable(
+                f"backend stream broke: {type(err).__name__}: {err}") from err
+        finally:
+            if finished:
+                resp.release()
+            else:
+                resp.close()

@@ -38,7 +38,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests kept queued inside vLLM beyond its B slots, in the policy's "
                    "order, so a freed slot never waits for the sidecar (default: B/2, >= 2)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--default-max-tokens", type=int, default=None,
+                   help="max_tokens of a request that gives none (default: as vLLM, the rest "
+                   "of the context)")
     p.add_argument("--reload-interval", type=float, default=1.0, help="seconds between file checks")
     p.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
                    help="an API key of a tenant (repeatable); keys on = x-tenant is not trusted")

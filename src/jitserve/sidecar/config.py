@@ -51,7 +51,10 @@ class SidecarSettings(BaseModel):
         description="Requests kept queued inside vLLM beyond its B slots, so a freed slot is "
                     "refilled in vLLM's next step (default: B/2, at least 2; 0: none).")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
-    default_max_tokens: int = Field(default=256, ge=1)
+    default_max_tokens: int | None = Field(
+        default=None, ge=1,
+        description="max_tokens of a request that gives none (default: as vLLM, the rest of "
+                    "the model's context).")
     reload_interval_s: float = Field(default=1.0, gt=0, le=300)
     health_interval_s: float = Field(default=0.5, gt=0, le=60)
     min_frame_s: float = Field(default=0.02, gt=0)

@@ -13,7 +13,9 @@ KV pressure evicts the request the policy ranked last. A preempted request is ab
 vLLM (stream closed) and later resumed as a continuation (prompt + tokens so far,
 remaining ``max_tokens``): the client's stream only pauses, every token arrives once, in
 order. A broken stream fails that request with an error event and marks the backend not
-ready; queued requests wait for it to come back.
+ready; queued requests wait for it to come back. A *forwarded* request (structured
+outputs, tools, logprobs...: :mod:`~jitserve.sidecar.passthrough`) goes to vLLM's own
+endpoint as the client sent it, and is never preempted.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import QuantileEstimator
 from jitserve.serving.lifecycle import Lifecycle, Retired
 from jitserve.serving.speed import SpeedMeter
+from jitserve.sidecar import passthrough
 from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Backend, BackendError, BackendUnavailable
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
@@ -218,7 +221,8 @@ class Dispatcher:
     async def submit(self, req: Request, *, model: str, prompt_ids: list[int], max_tokens: int,
                      sampling: dict[str, Any] | None = None, min_tokens: int = 0,
                      program: ProgramRef | None = None,
-                     events: asyncio.Queue[Event] | None = None) -> Job:
+                     events: asyncio.Queue[Event] | None = None,
+                     forward: dict[str, Any] | None = None, forward_path: str = "") -> Job:
         """Queue a request; raises APIError (429 queue full, 503 backend down). ``events``:
         the queue its handler reads (the server's is bounded for slow readers)."""
         self.check_admission()
@@ -231,7 +235,8 @@ class Dispatcher:
                                           self.clock())
         live = self.lifecycle.arrive(req, self.clock(), lp, bound)
         job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
-                  sampling=sampling or {}, min_tokens=min_tokens)
+                  sampling=sampling or {}, min_tokens=min_tokens, forward=forward,
+                  forward_path=forward_path)
         if events is not None:
             job.events = events
         self.jobs[live] = job
@@ -262,6 +267,10 @@ class Dispatcher:
             sampling["min_tokens"] = max(0, job.min_tokens - done)
         job.vllm_priority = next(self._dispatch_seq)
         self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
+        if job.forward is not None:
+            job.task = asyncio.create_task(self._run_forward(job, job.segment),
+                                           name=f"jitserve-{job.request_id}-{job.segment}")
+            return
         job.task = asyncio.create_task(
             self._run_stream(job, job.segment, job.prompt_ids + job.generated_ids,
                              job.max_tokens - done, sampling, job.vllm_priority),
@@ -284,24 +293,52 @@ class Dispatcher:
             if finish is None:
                 raise BackendUnavailable("backend stream ended without a finish reason")
             self._finish(job, finish)
-        except BackendUnavailable as err:
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._stream_failed(job, segment, err)
+
+    async def _run_forward(self, job: Job, segment: int) -> None:
+        """A forwarded request: vLLM's chunks (or body) to the client as they come, their
+        tokens counted for scheduling and goodput."""
+        assert job.forward is not None
+        body = passthrough.vllm_body(job.forward, job.model, job.vllm_priority,
+                                     f"{job.request_id}-{segment}")
+        finish: str | None = None
+        try:
+            forwarder = cast(passthrough.Forwarder, self.backend)
+            async for doc in forwarder.forward(job.forward_path, body):
+                if job.segment != segment:
+                    return
+                n = passthrough.tokens_in(doc, len(job.generated_ids))
+                self._on_tokens(job, [0] * n, "", doc)
+                finish = passthrough.finish_reason(doc) or finish
+            if job.segment == segment:
+                self._finish(job, finish or "stop")
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._stream_failed(job, segment, err)
+
+    def _stream_failed(self, job: Job, segment: int, err: Exception) -> None:
+        """End ``job`` after its stream failed (backend down, request refused, a bug)."""
+        if isinstance(err, BackendUnavailable):
             if job.segment == segment and not job.done:
                 log.warning("request %s: backend failed mid-stream: %s", job.request_id, err)
                 self.fail(job, APIError(503, f"the model backend failed mid-stream: {err}",
                                         type_="service_unavailable", code="backend_failed",
                                         retry_after_s=2))
                 self.health.set(False, str(err))
-        except BackendError as err:  # about this request only: the backend stays up
+        elif isinstance(err, BackendError):  # about this request only: the backend stays up
             if job.segment == segment and not job.done:
                 self.fail(job, backend_rejected(err.status, err.message, err.param))
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # a bug must not leave a client hanging
+        else:  # a bug must not leave a client hanging
             log.exception("request %s: unexpected error", job.request_id)
             if job.segment == segment and not job.done:
                 self.fail(job, APIError(500, f"internal error: {err}", type_="server_error"))
 
-    def _on_tokens(self, job: Job, ids: list[int], text: str) -> None:
+    def _on_tokens(self, job: Job, ids: list[int], text: str,
+                   raw: dict[str, Any] | None = None) -> None:
         now = self.clock()
         live = job.live
         ids = ids[: job.max_tokens - len(job.generated_ids)]  # never more than asked
@@ -320,7 +357,8 @@ class Dispatcher:
             job.segment_tokens += n
             self.lifecycle.delivered(live, np.full(n, now), live.generated)
             job.generated_ids.extend(ids)
-        job.events.put_nowait(Event(EventKind.TOKENS, ids, text))
+        # a forwarded chunk counts as one waiting item however many tokens it holds
+        job.events.put_nowait(Event(EventKind.TOKENS, ids if raw is None else [], text, raw=raw))
 
     # ---- endings ------------------------------------------------------------------------
     def _finish(self, job: Job, finish_reason: str) -> None:

@@ -26,6 +26,11 @@ _FIELDS = sorted((
 _FIELD_RE = re.compile(r"\b(" + "|".join(_FIELDS) + r")\b")
 
 
+FINAL_CODES = frozenset({"slo_unreachable", "client_too_slow", "internal_error"})
+"""5xx codes a retry of the same request cannot fix: its SLO cannot be met under this
+load, its reader is too slow, a bug."""
+
+
 class APIError(Exception):
     """An HTTP error with an OpenAI error body."""
 
@@ -51,10 +56,20 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed if sent again (408, 409, 429 and
+        5xx but those of :data:`FINAL_CODES`); clients (the ``openai`` SDK) read it
+        from ``x-should-retry``."""
+        if self.status in (408, 409, 429):
+            return True
+        return self.status >= 500 and self.code not in FINAL_CODES
+
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, int(self.retry_after_s)))}
+        out = {"x-should-retry": "true" if self.retryable else "false"}
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(max(1, int(self.retry_after_s)))
+        return out
 
 
 def bad_request(param: str, message: str, code: str = "invalid_value") -> APIError:

@@ -4,8 +4,10 @@ Everything here runs before a request touches the queue, and turns hostile or br
 input into an OpenAI-shaped 4xx/503 (:class:`~jitserve.sidecar.errors.APIError`), never
 a 500 or a hang:
 
-- :func:`tenant_of`: the tenant from the API key (keys on) or ``x-tenant`` (keys off);
-  keys configured but none loaded refuses everyone (503 ``auth_unavailable``);
+- :func:`tenant_of`: the tenant from the API key (keys on) or ``x-tenant`` / the Gateway
+  API Inference Extension's ``x-gateway-inference-fairness-id`` (keys off; with keys on
+  they must name the key's tenant, else 403); keys configured but none loaded refuses
+  everyone (503 ``auth_unavailable``);
 - :func:`check_admin`: who may read ``/metrics`` and ``/debug/scheduler`` on the API port;
 - :func:`read_json`: the body within ``max_body_bytes`` (413) and ``body_timeout_s``
   (408: a ``Content-Length`` larger than what is sent), valid JSON (400), nested at most
@@ -35,8 +37,12 @@ def bearer_key(request: web.Request) -> str:
     return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
 
 
+FAIRNESS_ID = "x-gateway-inference-fairness-id"
+
+
 def tenant_of(request: web.Request, keys: TenantKeys) -> str:
-    claimed = request.headers.get("x-tenant")
+    header = "x-tenant" if "x-tenant" in request.headers else FAIRNESS_ID
+    claimed = request.headers.get(header)
     if keys.enabled:
         reason = keys.unavailable
         if reason is not None:
@@ -47,14 +53,14 @@ def tenant_of(request: web.Request, keys: TenantKeys) -> str:
             raise APIError(401, "missing or invalid API key (Authorization: Bearer KEY)",
                            type_="authentication_error", code="invalid_api_key")
         if claimed and claimed != tenant:
-            raise APIError(403, f"x-tenant: this API key belongs to tenant {tenant!r}, "
+            raise APIError(403, f"{header}: this API key belongs to tenant {tenant!r}, "
                            f"it cannot act as {claimed[:63]!r}", type_="permission_error",
-                           param="x-tenant", code="tenant_mismatch")
+                           param=header, code="tenant_mismatch")
         return tenant
     if claimed is None:
         return "default"
     if not _TENANT_RE.match(claimed):
-        raise bad_request("x-tenant", "must be 1-63 letters, digits, '-', '_' or '.'")
+        raise bad_request(header, "must be 1-63 letters, digits, '-', '_' or '.'")
     return claimed
 
 

@@ -29,6 +29,8 @@ class Event:
     text: str = ""
     finish_reason: str | None = None
     error: APIError | None = None
+    raw: dict[str, Any] | None = None
+    """A forwarded request's chunk (or whole body) as vLLM sent it."""
 
 
 @dataclass(eq=False)
@@ -56,6 +58,10 @@ class Job:
     mark_s: float | None = None
     mark_tokens: int = 0
     vllm_priority: int = 0
+    forward: dict[str, Any] | None = None
+    """A forwarded request's body, sent as is to vLLM's ``forward_path`` (plus its
+    ``priority``); such a request is never preempted."""
+    forward_path: str = ""
 
     @property
     def request_id(self) -> str:

@@ -5,6 +5,9 @@ Owner: sidecar. Routes:
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: stream and non-stream, with a
   ``usage`` block; per-request SLO (see :mod:`jitserve.sidecar.api`); tenants from API
   keys or the ``x-tenant`` header (:class:`~jitserve.sidecar.config.TenantKeys`);
+  requests using structured outputs, tools, logprobs or ``n`` are forwarded to vLLM's
+  own endpoint (:mod:`~jitserve.sidecar.passthrough`); ``X-Request-Id`` is echoed as
+  ``x-request-id`` (:mod:`~jitserve.sidecar.request_ids`);
 - ``GET /v1/models``: vLLM's model list;
 - ``GET /health`` (liveness: the process serves), ``GET /ready`` (readiness: vLLM answers,
   the policy is loaded and, with keys on, keys loaded; 503 with the reason otherwise),
@@ -34,15 +37,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import Request
 from jitserve.scheduling.base import Policy
-from jitserve.sidecar import intake, responses
+from jitserve.sidecar import intake, passthrough, request_ids, responses
 from jitserve.sidecar.api import Endpoint, ParsedRequest, parse_request
-from jitserve.sidecar.backend import BackendError, BackendUnavailable, VLLMBackend
+from jitserve.sidecar.backend import BackendUnavailable, VLLMBackend
 from jitserve.sidecar.bounds import Analyzer
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
 from jitserve.sidecar.dispatcher import Dispatcher, PolicyFactory, default_policy_factory
-from jitserve.sidecar.errors import APIError, backend_down, backend_rejected, bad_request
+from jitserve.sidecar.errors import APIError, backend_down, bad_request
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.sidecar.prompts import PromptReader, served_model
 from jitserve.slo import SLOError
 
 log = logging.getLogger("jitserve.sidecar")
@@ -97,6 +101,8 @@ class SidecarServer:
                                        web.get("/debug/scheduler", self.debug_scheduler),
                                        web.get("/health", self.health),
                                        web.get("/ready", self.ready)])
+        self.app.on_response_prepare.append(request_ids.on_prepare)
+        self.prompts = PromptReader(self.backend)
         self.app.on_startup.append(self._startup)
         self.app.on_cleanup.append(self._cleanup)
         self._watch_task: asyncio.Task[None] | None = None
@@ -269,28 +275,6 @@ class SidecarServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
 
-    def _model(self, parsed: ParsedRequest) -> str:
-        models = self.dispatcher.models
-        if parsed.model is None:
-            if not models:
-                raise backend_down(message="the model backend is unavailable (no model list yet)")
-            return models[0]
-        if models and parsed.model not in models:
-            raise APIError(404, f"model {parsed.model[:256]!r} is not served here (serving: "
-                           f"{', '.join(models)})", param="model", code="model_not_found")
-        return parsed.model
-
-    async def _tokenize(self, parsed: ParsedRequest, model: str) -> tuple[list[int], int | None]:
-        prompt_param = "messages" if parsed.endpoint == "chat" else "prompt"
-        try:
-            return await self.backend.tokenize(model, prompt=parsed.prompt,
-                                               messages=parsed.messages)
-        except BackendUnavailable as err:
-            raise backend_down(message=f"the model backend is unavailable: {err}") from err
-        except BackendError as err:
-            param = prompt_param if err.param in (None, "prompt", "messages") else err.param
-            raise backend_rejected(err.status, err.message, param) from err
-
     def _check_program_room(self, parsed: ParsedRequest, tenant: str) -> None:
         if parsed.program is None:
             return
@@ -305,6 +289,7 @@ class SidecarServer:
     async def _submit(self, request: web.Request,
                       endpoint: Endpoint) -> tuple[Job, ParsedRequest]:
         arrival = time.monotonic()
+        request_ids.client_id(request)
         tenant = intake.tenant_of(request, self.keys)
         raw = await intake.read_json(request, self.settings)
         parsed = parse_request(endpoint, raw, request.headers, self.spec.slo_defaults,
@@ -318,39 +303,38 @@ class SidecarServer:
             raise backend_down(d.retry_after_s(),
                                f"the model backend is unavailable: {d.health.reason}")
         self._check_program_room(parsed, tenant)
-        model = self._model(parsed)
+        model = served_model(parsed, d.models)
         max_len: int | None = None
         if parsed.prompt_ids is not None:
             prompt_ids = parsed.prompt_ids
         else:
-            prompt_ids, max_len = await self._tokenize(parsed, model)
+            prompt_ids, max_len = await self.prompts.tokenize(parsed, model)
         if not prompt_ids:
             raise bad_request("messages" if endpoint == "chat" else "prompt",
                               "tokenizes to nothing")
-        max_tokens = parsed.max_tokens
-        if max_tokens is None:
-            max_tokens = self.settings.default_max_tokens
-            if max_len is not None:
-                max_tokens = max(1, min(max_tokens, max_len - len(prompt_ids)))
-        if max_len is not None and len(prompt_ids) + max_tokens > max_len:
-            raise bad_request("max_tokens", f"prompt ({len(prompt_ids)} tokens) + max_tokens "
-                              f"({max_tokens}) exceeds the model's context of {max_len} tokens")
+        max_tokens = await self.prompts.max_tokens(parsed, model, len(prompt_ids), max_len,
+                                                   self.settings.default_max_tokens)
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
         try:
             req = Request(
                 request_id=d.new_request_id(prefix), tenant=tenant, slo=parsed.slo,
-                prompt_tokens=len(prompt_ids), arrival_s=arrival, max_tokens=max_tokens,
+                prompt_tokens=len(prompt_ids), arrival_s=arrival,
+                max_tokens=max_tokens * parsed.n,
                 slo_class=parsed.slo_class, app=parsed.app, model=model,
                 prompt_text=parsed.prompt,
                 program_id=parsed.program.program_id if parsed.program else None,
                 stage=parsed.program.stage if parsed.program else 0,
+                preemptible=parsed.forward is None,
             )
         except SLOError as err:
             raise bad_request(err.field, str(err)) from err
+        request_ids.remember(request, req.request_id)
         events = responses.BoundedEvents(self.settings.max_buffered_tokens)
-        job = await d.submit(req, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
-                             sampling=parsed.sampling, min_tokens=parsed.min_tokens,
-                             program=parsed.program, events=events)
+        job = await d.submit(req, model=model, prompt_ids=prompt_ids,
+                             max_tokens=max_tokens * parsed.n, sampling=parsed.sampling,
+                             min_tokens=parsed.min_tokens, program=parsed.program,
+                             events=events, forward=parsed.forward,
+                             forward_path=passthrough.path_of(parsed))
         events.on_overflow = lambda: d.cancel(job)
         return job, parsed
 
@@ -369,6 +353,11 @@ class SidecarServer:
             if first.kind is EventKind.ERROR:
                 assert first.error is not None
                 return responses.error_response(first.error)
+            if job.forward is not None:
+                if parsed.stream:
+                    return await passthrough.stream(request, job, parsed, first,
+                                                    self.settings.body_timeout_s)
+                return await passthrough.collect(job, first)
             if parsed.stream:
                 return await responses.stream(request, job, parsed, first,
                                               self.settings.body_timeout_s)
