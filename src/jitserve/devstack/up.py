@@ -57,6 +57,9 @@ def register(subparsers: Any) -> None:
                    help="load --model's weights instead of dummy ones")
     p.add_argument("--config", type=Path, default=None,
                    help="SLOPolicy spec file (hot-reloaded); default: written with defaults")
+    p.add_argument("--tool-call-parser", default="pythonic",
+                   help="vLLM's tool-call parser (tools, tool_choice; a named tool_choice "
+                   "needs one); 'none': start vLLM without tool calling")
     p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int, default=16,
                    help="B: vLLM's batch slots (its --max-num-seqs) and the sidecar's batch size: "
                    "one setting, so they cannot disagree")
@@ -153,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=args.max_num_seqs), vl.vllm_env())
+                max_num_seqs=args.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
+                vl.vllm_env())
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)

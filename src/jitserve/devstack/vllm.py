@@ -75,6 +75,18 @@ def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127
     return cmd + (extra or [])
 
 
+def tool_flags(parser: str | None = "pythonic") -> list[str]:
+    """vLLM's flags for tool calling (``tools``, ``tool_choice``: a named tool_choice
+    needs a parser); ``pythonic`` needs no special tokens, so it works with the tiny
+    model's tokenizer. ``None``/``"none"``: no tool calling."""
+    if not parser or parser == "none":
+        return []
+    return ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+
+
+TOOL_FLAGS = tool_flags()
+
+
 def vllm_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the tiny model

@@ -28,6 +28,7 @@ from aiohttp import web
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError, internal_error, slow_reader
 from jitserve.sidecar.jobs import Event, EventKind, Job
+from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO
 
 log = logging.getLogger("jitserve.sidecar")
 
@@ -101,7 +102,17 @@ def extension(job: Job) -> dict[str, Any]:
     live = job.live
     return {"request_id": job.request_id, "tenant": live.req.tenant,
             "slo_kind": live.req.kind.value, "slo_class": live.req.slo_class,
-            "preemptions": live.preemptions, "outcome": job.outcome}
+            "slo": slo_targets(live.req.slo), "preemptions": live.preemptions,
+            "outcome": job.outcome}
+
+
+def slo_targets(slo: SLO) -> dict[str, float]:
+    """The SLO a request was given, in the units of the body's ``slo`` object."""
+    if isinstance(slo, LatencySLO):
+        return {"ttft_ms": round(slo.ttft_s * 1e3, 3), "tbt_ms": round(slo.tbt_s * 1e3, 3)}
+    if isinstance(slo, DeadlineSLO | CompoundSLO):
+        return {"deadline_s": slo.deadline_s}
+    return {}
 
 
 def usage(job: Job) -> dict[str, int]:
