@@ -20,6 +20,7 @@ from jitserve.sidecar.errors import bad_request
 HEADER = "X-Request-Id"
 MAX_LEN = 256
 _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
+_OWN = web.RequestKey("jitserve_request_id", str)
 
 
 def client_id(request: web.Request) -> str | None:
@@ -34,13 +35,13 @@ def client_id(request: web.Request) -> str | None:
 
 def remember(request: web.Request, own_id: str) -> None:
     """jitserve's id of this request, echoed when the client sent none."""
-    request["jitserve_request_id"] = own_id
+    request[_OWN] = own_id
 
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """``x-request-id`` on every answer (an ``on_response_prepare`` signal)."""
     value = request.headers.get(HEADER)
     if value is None or len(value) > MAX_LEN or not _PRINTABLE.match(value):
-        value = request.get("jitserve_request_id")
+        value = request.get(_OWN)
     if value:
         response.headers["x-request-id"] = value
