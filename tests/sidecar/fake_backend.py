@@ -49,6 +49,7 @@ class FakeVLLM:
                 web.get("/v1/models", self.models),
                 web.post("/tokenize", self.tokenize),
                 web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.forwarded),
             ]
         )
         return app
@@ -87,7 +88,9 @@ class FakeVLLM:
                                   "max_model_len": MAX_MODEL_LEN})
 
     def _check(self, doc: dict[str, Any]) -> str | None:
-        for t in doc["prompt"]:
+        for t in doc["prompt"] if isinstance(doc.get("prompt"), list) else []:
+            if not isinstance(t, int):
+                return "prompt must be token ids or a string"
             if not 0 <= t < VOCAB:
                 return f"Token id {t} is out of vocabulary"
         stop = doc.get("stop_token_ids") or []
@@ -96,8 +99,38 @@ class FakeVLLM:
             return "stop_token_ids must contain only token ids of the vocabulary"
         return None
 
+    async def forwarded(self, request: web.Request) -> web.StreamResponse:
+        """A request the sidecar forwards as the client sent it (chat, or a completion
+        that is not streamed): like vLLM, one body, or chunks of its own shape."""
+        doc = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        n = doc.get("max_tokens") or 4
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 4096:
+            return self._bad("max_tokens must be a positive integer", "max_tokens")
+        self.streams_started += 1
+        head = {"id": "fake", "object": "chat.completion" if chat else "text_completion",
+                "created": 0, "model": "fake-model"}
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        if not doc.get("stream"):
+            out = {"message": {"role": "assistant", "content": "t" * n}} if chat else \
+                {"text": "t" * n}
+            return web.json_response({**head, "choices": [
+                {"index": 0, **out, "finish_reason": "length"}], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            part = {"delta": {"content": "t"}} if chat else {"text": "t"}
+            chunk = {**head, "choices": [{"index": 0, **part,
+                                          "finish_reason": "length" if i == n - 1 else None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+                         "data: [DONE]\n\n".encode())
+        return resp
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         doc = await request.json()
+        if not doc.get("stream"):
+            return await self.forwarded(request)
         temperature = doc.get("temperature", 1.0)
         if not isinstance(temperature, int | float) or isinstance(temperature, bool):
             return self._bad("temperature must be a number", "temperature")
@@ -110,7 +143,7 @@ class FakeVLLM:
                                "code": 400}}
             await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
             return resp
-        n = int(doc["max_tokens"])
+        n = int(doc.get("max_tokens") or 4)
         await asyncio.sleep(self.first_token_delay_s)
         for i in range(n):
             await asyncio.sleep(self.interval_s)

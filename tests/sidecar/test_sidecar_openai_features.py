@@ -7,7 +7,8 @@ named ``tool_choice`` needs it), and one sidecar in front of it. Structured outp
 forced tool calls, logprobs and ``n`` are forwarded to vLLM's own endpoint; every
 feature's response is compared field by field with the bare vLLM's answer to the same
 body. ``JITSERVE_TEST_TOOLS_VLLM_URL`` points the module at an already running vLLM
-started that way instead.
+started that way instead, and ``JITSERVE_TEST_SIDECAR_URL`` at a sidecar in front of it
+(``jitserve up --config`` with :data:`POLICY`): the acceptance run through ``jitserve up``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def vllm_tools_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def sidecar_url(vllm_tools_url: str) -> Iterator[str]:
+    existing = os.environ.get("JITSERVE_TEST_SIDECAR_URL")
+    if existing:  # e.g. `jitserve up --config <POLICY as YAML>` and its vLLM as the one above
+        yield existing.rstrip("/")
+        return
     config = Path(tempfile.mkdtemp(prefix="jitserve-openai-")) / "policy.yaml"
     config.write_text(yaml.safe_dump(POLICY))
     s = SidecarProcess(vllm_tools_url, config=config, max_running=8)
