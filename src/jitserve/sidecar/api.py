@@ -20,11 +20,11 @@ The policy's ``limits`` bound what a client may ask, body and headers alike: eve
 value (``maxSloSeconds``), a program's ``stages`` (``maxStages``) and its deadline,
 given or derived from its stages (``maxProgramSeconds``).
 
-Body fields: the ones named here, the sampling parameters of :data:`PASSTHROUGH` (sent
-with the token-id path), and the fields of :data:`FORWARDED` (structured outputs, tools,
-logprobs, ``n``...): a request using one of those is *forwarded* as the client sent it to
-vLLM's own endpoint (:attr:`ParsedRequest.forward`). Any other field is refused with a
-400 naming it: none is dropped silently.
+Body fields (:mod:`~jitserve.sidecar.fields`): the ones named here, the sampling
+parameters sent with the token-id path, and the fields only vLLM's own endpoints honour
+(structured outputs, tools, logprobs, ``n``...): a request using one of those is
+*forwarded* as the client sent it to vLLM's own endpoint (:attr:`ParsedRequest.forward`).
+Any other field is refused with a 400 naming it: none is dropped silently.
 """
 
 from __future__ import annotations
@@ -39,47 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jitserve.policy import LimitsSettings, SLODefaults
 from jitserve.sidecar.errors import APIError, bad_request
+from jitserve.sidecar.fields import PASSTHROUGH, check_fields, choices, forward_body
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOError, SLOKind
 
 Endpoint = Literal["chat", "completions"]
 _TYPE_TAG = re.compile(r"(str|int|float|bool|none|(list|dict|tuple)\[.*\]|function-.*)")
-
-# Sampling parameters forwarded to vLLM as they are (OpenAI + vLLM extensions).
-PASSTHROUGH = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "skip_special_tokens",
-    "spaces_between_special_tokens", "include_stop_str_in_output",
-)
-# Fields vLLM's own endpoints take that the token-id path cannot honour (structured
-# outputs, tools, logprobs, several choices, chat template options...): a request using
-# one (at a value other than its neutral one) is forwarded to vLLM as sent, not preempted.
-FORWARDED: dict[str, tuple[object, ...]] = {
-    "response_format": (None,), "structured_outputs": (None,), "guided_json": (None,),
-    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,),
-    "logprobs": (None, False), "top_logprobs": (None,), "prompt_logprobs": (None,),
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
-    "logit_bias": (None,), "tools": (None,), "tool_choice": (None,),
-    "parallel_tool_calls": (None,), "chat_template": (None,), "chat_template_kwargs": (None,),
-    "add_generation_prompt": (None,), "continue_final_message": (None,), "documents": (None,),
-    "reasoning_effort": (None,), "include_reasoning": (None,), "bad_words": (None,),
-    "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
-    "add_special_tokens": (None,), "use_beam_search": (None, False),
-    "length_penalty": (None,), "mm_processor_kwargs": (None,), "vllm_xargs": (None,),
-}
-# Accepted and not sent to vLLM: request metadata with no effect on the output.
-_IGNORED = ("user", "metadata", "store", "service_tier")
-# Fields jitserve sets itself: a client value is refused (it would be silently replaced).
-_OWNED = {
-    "priority": "jitserve sets vLLM's priority from the scheduler; give an SLO (slo, "
-                "x-slo-class) instead",
-    "request_id": "send the X-Request-Id header instead",
-}
-_BODY_FIELDS = frozenset({
-    "model", "stream", "stream_options", "max_tokens", "min_tokens", "slo", "app",
-    "return_token_ids", "prompt", "messages", "max_completion_tokens",
-    *PASSTHROUGH, *FORWARDED, *_IGNORED,
-})
 
 HEADER_TTFT = "x-llm-d-slo-ttft-ms"
 HEADER_TPOT = "x-llm-d-slo-tpot-ms"
@@ -176,7 +140,8 @@ class ParsedRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     forward: dict[str, Any] | None = None
     """The body as the client sent it, less jitserve's own fields, when it uses a field
-    of :data:`FORWARDED`: sent as is to vLLM's endpoint (never preempted)."""
+    of :data:`~jitserve.sidecar.fields.FORWARDED`: sent as is to vLLM's endpoint (never
+    preempted)."""
     n: int = 1
 
 
@@ -324,30 +289,6 @@ def resolve_slo(
     return slo, label, program
 
 
-def _check_fields(raw: dict[str, Any]) -> bool:
-    """Refuse unknown fields and the ones jitserve sets (400 naming them); True when the
-    request uses a field only vLLM's own endpoint honours (it is then forwarded)."""
-    unknown = sorted(k for k in raw if k not in _BODY_FIELDS and k not in _OWNED)
-    if unknown:
-        names = ", ".join(str(k)[:64] for k in unknown[:10])
-        raise bad_request(str(unknown[0])[:64], f"unknown field(s) {names}: not an OpenAI or "
-                          "vLLM request field jitserve forwards", code="unknown_field")
-    for name, why in _OWNED.items():
-        if raw.get(name) is not None:
-            raise bad_request(name, why, code="unsupported")
-    return any(name in raw and _neutral(raw[name], neutral) is False
-               for name, neutral in FORWARDED.items())
-
-
-def _neutral(value: object, neutral: tuple[object, ...]) -> bool:
-    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
-
-
-def forward_body(raw: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM gets of a forwarded request: the client's body less jitserve's fields."""
-    return {k: v for k, v in raw.items() if k not in ("slo", "app") and k not in _IGNORED}
-
-
 def parse_request(
     endpoint: Endpoint,
     raw: Any,
@@ -364,7 +305,7 @@ def parse_request(
         body: _Body = model.model_validate(raw)
     except ValidationError as err:
         raise _validation_error(err) from err
-    forwarded = _check_fields(raw)
+    forwarded = check_fields(raw)
     extra = body.model_extra or {}
     sampling = {k: extra[k] for k in PASSTHROUGH if k in extra and extra[k] is not None}
     slo, slo_class, program = resolve_slo(body.slo, headers, defaults, tenant_class, limits)
@@ -399,10 +340,6 @@ def parse_request(
         prompt_ids=prompt_ids, messages=messages, sampling=sampling, slo=slo,
         slo_class=slo_class, app=body.app or endpoint, program=program,
         return_token_ids=body.return_token_ids,
-        forward=forward_body(raw) if forwarded else None, n=_choices(raw),
+        forward=forward_body(raw) if forwarded else None, n=choices(raw),
     )
 
-
-def _choices(raw: dict[str, Any]) -> int:
-    n = raw.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 128 else 1

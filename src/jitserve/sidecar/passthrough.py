@@ -1,6 +1,6 @@
 """Forwarded requests: vLLM's own endpoints behind the scheduler (owner: sidecar).
 
-A request using a field of :data:`~jitserve.sidecar.api.FORWARDED` (``response_format``,
+A request using a field of :data:`~jitserve.sidecar.fields.FORWARDED` (``response_format``,
 ``structured_outputs``/``guided_*``, ``tools``/``tool_choice``, ``logprobs``, ``n``,
 ``logit_bias``, ``chat_template_kwargs``...) is not turned into a token-id call: its body
 goes to vLLM's ``/v1/chat/completions`` or ``/v1/completions`` as the client sent it
