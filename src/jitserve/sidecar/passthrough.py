@@ -125,6 +125,7 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
     await resp.prepare(request)
     event: Event | None = first
     parts: list[str] = []
+    usage: dict[str, Any] | None = None  # sent last, with the request's outcome
     done = False
     while True:
         while event is not None:
@@ -132,9 +133,7 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                 doc = event.raw
                 doc["id"] = job.request_id
                 if doc.get("usage") is not None and not doc.get("choices"):
-                    if parsed.include_usage:
-                        doc["jitserve"] = extension(job)
-                        parts.append(_sse(doc))
+                    usage = doc if parsed.include_usage else None
                 else:
                     if not parsed.include_usage:
                         doc.pop("usage", None)  # there because jitserve asked for usage
@@ -145,6 +144,9 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                 done = True
                 break
             elif event.kind is EventKind.DONE:
+                if usage is not None:
+                    usage["jitserve"] = extension(job)
+                    parts.append(_sse(usage))
                 parts.append("data: [DONE]\n\n")
                 done = True
                 break
