@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -37,14 +37,12 @@ from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import QuantileEstimator
 from jitserve.serving.lifecycle import Lifecycle, Retired
 from jitserve.serving.speed import SpeedMeter
-from jitserve.sidecar import passthrough
 from jitserve.sidecar.api import ProgramRef
-from jitserve.sidecar.backend import Backend, BackendError, BackendUnavailable
+from jitserve.sidecar.backend import Backend
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
 from jitserve.sidecar.errors import (
     APIError,
     backend_down,
-    backend_rejected,
     queue_full,
     shutting_down,
 )
@@ -54,6 +52,7 @@ from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.pacing import FramePacer
 from jitserve.sidecar.programs import ProgramBook
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
+from jitserve.sidecar.streams import StreamRunner
 from jitserve.slo import CompoundSLO
 
 log = logging.getLogger("jitserve.sidecar")
@@ -110,6 +109,7 @@ class Dispatcher:
         self.jobs: dict[LiveRequest, Job] = {}
         self.service_s = 2.0
         self.report = Reporter(metrics)
+        self.streams = StreamRunner(self)
         self._ids = itertools.count()
         self._dispatch_seq = itertools.count()
         self._wake = asyncio.Event()
@@ -267,77 +267,12 @@ class Dispatcher:
             sampling["min_tokens"] = max(0, job.min_tokens - done)
         job.vllm_priority = next(self._dispatch_seq)
         self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
-        if job.forward is not None:
-            job.task = asyncio.create_task(self._run_forward(job, job.segment),
-                                           name=f"jitserve-{job.request_id}-{job.segment}")
-            return
-        job.task = asyncio.create_task(
-            self._run_stream(job, job.segment, job.prompt_ids + job.generated_ids,
-                             job.max_tokens - done, sampling, job.vllm_priority),
-            name=f"jitserve-{job.request_id}-{job.segment}")
+        run = (self.streams.forward(job, job.segment) if job.forward is not None else
+               self.streams.generate(job, job.segment, job.prompt_ids + job.generated_ids,
+                                     job.max_tokens - done, sampling, job.vllm_priority))
+        job.task = asyncio.create_task(run, name=f"jitserve-{job.request_id}-{job.segment}")
 
-    async def _run_stream(self, job: Job, segment: int, prompt: list[int], max_tokens: int,
-                          sampling: dict[str, Any], priority: int) -> None:
-        finish: str | None = None
-        try:
-            async for chunk in self.backend.stream(job.model, prompt, max_tokens, sampling,
-                                                   priority, f"{job.request_id}-{segment}"):
-                if job.segment != segment:
-                    return
-                if chunk.token_ids or chunk.text:
-                    self._on_tokens(job, chunk.token_ids, chunk.text)
-                if chunk.finish_reason is not None:
-                    finish = chunk.finish_reason
-            if job.segment != segment:
-                return
-            if finish is None:
-                raise BackendUnavailable("backend stream ended without a finish reason")
-            self._finish(job, finish)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            self._stream_failed(job, segment, err)
-
-    async def _run_forward(self, job: Job, segment: int) -> None:
-        """A forwarded request: vLLM's chunks (or body) to the client as they come, their
-        tokens counted for scheduling and goodput."""
-        assert job.forward is not None
-        body = passthrough.vllm_body(job.forward, job.model, job.vllm_priority,
-                                     f"{job.request_id}-{segment}")
-        finish: str | None = None
-        try:
-            forwarder = cast(passthrough.Forwarder, self.backend)
-            async for doc in forwarder.forward(job.forward_path, body):
-                if job.segment != segment:
-                    return
-                n = passthrough.tokens_in(doc, len(job.generated_ids))
-                self._on_tokens(job, [0] * n, "", doc)
-                finish = passthrough.finish_reason(doc) or finish
-            if job.segment == segment:
-                self._finish(job, finish or "stop")
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            self._stream_failed(job, segment, err)
-
-    def _stream_failed(self, job: Job, segment: int, err: Exception) -> None:
-        """End ``job`` after its stream failed (backend down, request refused, a bug)."""
-        if isinstance(err, BackendUnavailable):
-            if job.segment == segment and not job.done:
-                log.warning("request %s: backend failed mid-stream: %s", job.request_id, err)
-                self.fail(job, APIError(503, f"the model backend failed mid-stream: {err}",
-                                        type_="service_unavailable", code="backend_failed",
-                                        retry_after_s=2))
-                self.health.set(False, str(err))
-        elif isinstance(err, BackendError):  # about this request only: the backend stays up
-            if job.segment == segment and not job.done:
-                self.fail(job, backend_rejected(err.status, err.message, err.param))
-        else:  # a bug must not leave a client hanging
-            log.exception("request %s: unexpected error", job.request_id)
-            if job.segment == segment and not job.done:
-                self.fail(job, APIError(500, f"internal error: {err}", type_="server_error"))
-
-    def _on_tokens(self, job: Job, ids: list[int], text: str,
+    def on_tokens(self, job: Job, ids: list[int], text: str,
                    raw: dict[str, Any] | None = None) -> None:
         now = self.clock()
         live = job.live
@@ -361,7 +296,7 @@ class Dispatcher:
         job.events.put_nowait(Event(EventKind.TOKENS, ids if raw is None else [], text, raw=raw))
 
     # ---- endings ------------------------------------------------------------------------
-    def _finish(self, job: Job, finish_reason: str) -> None:
+    def finish(self, job: Job, finish_reason: str) -> None:
         now = self.clock()
         live = job.live
         if live.program is not None:
