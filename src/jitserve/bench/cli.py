@@ -183,6 +183,29 @@ def register(subparsers: Any) -> None:
         "simulator; uses --duration, --rate (default 2/s), --mix, --trace and the first seed",
     )
     parser.add_argument(
+        "--live-bare",
+        metavar="BACKEND_URL",
+        help="with --live: also replay the workload directly against this vLLM (the sidecar's "
+        "backend), alternating sidecar / bare runs, and write one comparison table",
+    )
+    parser.add_argument("--live-rounds", type=int, default=2, help="with --live-bare: A/B rounds")
+    parser.add_argument(
+        "--live-slo",
+        choices=("body", "headers", "none"),
+        default="body",
+        help="with --live: send each request's SLO as the body's slo object, as x-slo-* "
+        "headers, or not at all (it is scored the same either way; the bare vLLM never gets it)",
+    )
+    parser.add_argument(
+        "--live-workload",
+        choices=("mixed", "uniform"),
+        default="mixed",
+        help="with --live-bare: the mixed SLO workload (--mix, --trace), or equal requests "
+        "with a latency SLO (TTFT 2 s, TBT 100 ms) like vLLM's random dataset",
+    )
+    parser.add_argument("--live-prompt", type=int, help="prompt tokens (cap for mixed)")
+    parser.add_argument("--live-output", type=int, help="output tokens (cap for mixed)")
+    parser.add_argument(
         "--live-policy-file",
         type=Path,
         help="with --live and --policies: the sidecar's hot-reloaded policy file, rewritten to "
@@ -313,6 +336,14 @@ def _live(args: argparse.Namespace) -> int:
                 out=out / "proxy_overhead.json",
             )
         )
+    if args.live_bare:
+        from jitserve.bench.compare import compare_main
+
+        return compare_main(
+            args.live, args.live_bare, workload=args.live_workload, duration_s=args.duration,
+            rate=args.rate or 2.0, rounds=args.live_rounds, carrier=args.live_slo,
+            seed=int(args.seeds.split(",")[0]), mix=args.mix, trace=args.trace,
+            prompt_tokens=args.live_prompt, output_tokens=args.live_output, out_dir=out)
     live_policies = args.policies if args.live_policy_file else None
     return live.bench_live_main(
         argparse.Namespace(
@@ -325,6 +356,7 @@ def _live(args: argparse.Namespace) -> int:
             max_prompt=128,
             max_output=96,
             model=None,
+            slo_via=args.live_slo,
             policies=live_policies,
             policy_file=args.live_policy_file,
             out=out / "live.json",

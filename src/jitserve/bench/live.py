@@ -21,11 +21,13 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import numpy as np
 
+from jitserve.bench.stream import StreamResult as StreamResult
+from jitserve.bench.stream import stream_completion as stream_completion
 from jitserve.errors import CLIError
 from jitserve.goodput import (
     GoodputLedger,
@@ -36,67 +38,6 @@ from jitserve.goodput import (
 )
 from jitserve.requests import Program, Request, Workitem
 from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
-
-
-# ---- a streaming client ---------------------------------------------------------------------
-@dataclass
-class StreamResult:
-    status: int = 0
-    token_times: list[float] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    finish_reason: str | None = None
-    extension: dict[str, Any] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    start_s: float = 0.0
-    end_s: float = 0.0
-
-
-async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                            headers: dict[str, str] | None = None,
-                            path: str = "/v1/completions") -> StreamResult:
-    """POST a streamed completion and record when each token arrived (monotonic s)."""
-    result = StreamResult(start_s=time.monotonic())
-    body = {**body, "stream": True, "return_token_ids": True,
-            "stream_options": {"include_usage": True}}
-    async with session.post(url.rstrip("/") + path, json=body, headers=headers or {}) as resp:
-        result.status = resp.status
-        result.headers = dict(resp.headers)
-        if resp.status != 200:
-            try:
-                result.error = (await resp.json()).get("error")
-            except (aiohttp.ContentTypeError, ValueError):
-                result.error = {"message": (await resp.text())[:500]}
-            result.end_s = time.monotonic()
-            return result
-        async for line in resp.content:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                break
-            now = time.monotonic()
-            doc = json.loads(payload)
-            if "error" in doc:
-                result.error = doc["error"]
-                continue
-            if "jitserve" in doc:
-                result.extension = doc["jitserve"]
-            for choice in doc.get("choices") or []:
-                ids = choice.get("token_ids") or []
-                if ids:
-                    result.token_ids.extend(ids)
-                    result.token_times.extend([now] * len(ids))
-                delta = choice.get("delta")
-                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                if text:
-                    result.texts.append(text)
-                if choice.get("finish_reason"):
-                    result.finish_reason = choice["finish_reason"]
-    result.end_s = time.monotonic()
-    return result
-
 
 # ---- live workload --------------------------------------------------------------------------
 RUN_ID = f"{time.time_ns():x}"
@@ -149,6 +90,27 @@ def _slo_body(req: Request, program: Program | None = None, stage: int = 0) -> d
     return {"kind": "deadline", "deadline_s": slo.deadline_s}
 
 
+SLOCarrier = Literal["body", "headers", "none"]
+"""How a request's SLO travels: the body's ``slo`` object, the gateway headers
+(``x-slo-ttft-ms``, ``x-slo-tbt-ms``, ``x-slo-deadline-ms``), or not at all (the client
+still scores it against the same SLO)."""
+
+
+def slo_headers(slo: dict[str, Any], deadline_left_s: float | None = None) -> dict[str, str]:
+    """The gateway headers for an ``slo`` body object. Headers cannot name a compound
+    program: its calls carry the time left to the program's deadline as their own
+    deadline (``deadline_left_s``)."""
+    kind = slo.get("kind")
+    if kind == "latency":
+        return {"x-slo-ttft-ms": f"{slo['ttft_ms']:g}", "x-slo-tbt-ms": f"{slo['tbt_ms']:g}"}
+    if kind == "deadline":
+        return {"x-slo-deadline-ms": f"{slo['deadline_s'] * 1000:g}"}
+    if kind == "compound":
+        left = slo["deadline_s"] if deadline_left_s is None else deadline_left_s
+        return {"x-slo-deadline-ms": f"{max(left, 0.001) * 1000:.0f}"}
+    return {}
+
+
 @dataclass
 class LiveStats:
     requests: int = 0
@@ -157,22 +119,42 @@ class LiveStats:
     preemptions: int = 0
     output_tokens: int = 0
     error_messages: dict[str, int] = field(default_factory=dict)
+    statuses: dict[int, int] = field(default_factory=dict)
+    completed: int = 0
+    """Calls that ended with a finish reason and no error."""
+    refused_without_retry_after: int = 0
+    """429/503 answers that lacked a ``Retry-After`` header."""
+    tpot: LogHistogram = field(default_factory=LogHistogram)
+    """Per finished request: (last token - first token) / (tokens - 1)."""
 
 
 async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None, req: Request,
                     rng: random.Random, stats: LiveStats, slo: dict[str, Any],
+                    carrier: SLOCarrier = "body", deadline_left_s: float | None = None,
                     ) -> StreamResult:
     body: dict[str, Any] = {"prompt": _prompt_ids(rng, req.prompt_tokens),
-                            "max_tokens": req.output_tokens or 1, "ignore_eos": True, "slo": slo}
+                            "max_tokens": req.output_tokens or 1, "ignore_eos": True}
+    headers = {"x-tenant": req.tenant}
+    if carrier == "body":
+        body["slo"] = slo
+    elif carrier == "headers":
+        headers.update(slo_headers(slo, deadline_left_s))
     if model:
         body["model"] = model
-    headers = {"x-tenant": req.tenant}
     try:
         result = await stream_completion(session, url, body, headers)
     except (aiohttp.ClientError, OSError) as err:
         result = StreamResult(status=0, error={"message": str(err)})
     stats.requests += 1
     stats.output_tokens += len(result.token_ids)
+    stats.statuses[result.status] = stats.statuses.get(result.status, 0) + 1
+    if result.status in (429, 503) and "Retry-After" not in result.headers:
+        stats.refused_without_retry_after += 1
+    if result.error is None and result.finish_reason is not None:
+        stats.completed += 1
+    if len(result.token_times) > 1 and result.error is None:
+        times = result.token_times
+        stats.tpot.add((times[-1] - times[0]) / (len(times) - 1))
     if result.extension:
         stats.preemptions += int(result.extension.get("preemptions") or 0)
     if result.error is not None:
@@ -187,10 +169,10 @@ async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None,
 
 async def _run_request(session: aiohttp.ClientSession, url: str, model: str | None, req: Request,
                        t0: float, rng: random.Random, ledger: GoodputLedger, stats: LiveStats,
-                       ) -> None:
+                       carrier: SLOCarrier = "body") -> None:
     await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
     arrival = time.monotonic()
-    result = await _one_call(session, url, model, req, rng, stats, _slo_body(req))
+    result = await _one_call(session, url, model, req, rng, stats, _slo_body(req), carrier)
     generated = len(result.token_ids)
     finished = result.error is None and result.finish_reason is not None
     now = result.end_s
@@ -213,15 +195,17 @@ async def _run_request(session: aiohttp.ClientSession, url: str, model: str | No
 
 async def _run_program(session: aiohttp.ClientSession, url: str, model: str | None,
                        program: Program, t0: float, rng: random.Random, ledger: GoodputLedger,
-                       stats: LiveStats) -> None:
+                       stats: LiveStats, carrier: SLOCarrier = "body") -> None:
     await asyncio.sleep(max(0.0, t0 + program.arrival_s - time.monotonic()))
     arrival = time.monotonic()
     ok = True
     tokens_in = tokens_out = 0
     for stage_index, stage in enumerate(program.stages):
         reqs = program.stage_requests(stage_index, time.monotonic())
+        left = arrival + program.slo.deadline_s - time.monotonic()
         results = await asyncio.gather(*(
-            _one_call(session, url, model, r, rng, stats, _slo_body(r, program, stage_index))
+            _one_call(session, url, model, r, rng, stats, _slo_body(r, program, stage_index),
+                      carrier, left)
             for r in reqs))
         for r, res in zip(reqs, results, strict=True):
             tokens_in += r.prompt_tokens
@@ -239,12 +223,16 @@ async def _run_program(session: aiohttp.ClientSession, url: str, model: str | No
 
 
 async def run_live(url: str, items: list[Workitem], model: str | None = None, seed: int = 1,
-                   connections: int = 512) -> tuple[GoodputLedger, LiveStats, float]:
-    """Replay ``items`` (arrival times relative to now) against ``url``; returns the
-    ledger, counters and the wall time."""
+                   connections: int = 512, carrier: SLOCarrier = "body",
+                   prompt_seed: int | None = None) -> tuple[GoodputLedger, LiveStats, float]:
+    """Replay ``items`` (arrival times relative to now) against ``url``, the SLOs sent
+    as ``carrier`` says and always scored the same; returns the ledger, counters and the
+    wall time. Prompts are random token ids from ``prompt_seed`` (default ``seed``): give
+    each run of a comparison its own, or vLLM's prefix cache serves a repeated prompt
+    without its prefill."""
     ledger = GoodputLedger()
     stats = LiveStats()
-    rng = random.Random(seed)
+    rng = random.Random(seed if prompt_seed is None else prompt_seed)
     connector = aiohttp.TCPConnector(limit=connections)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -252,9 +240,11 @@ async def run_live(url: str, items: list[Workitem], model: str | None = None, se
         tasks = []
         for item in items:
             if isinstance(item, Request):
-                tasks.append(_run_request(session, url, model, item, t0, rng, ledger, stats))
+                tasks.append(_run_request(session, url, model, item, t0, rng, ledger, stats,
+                                          carrier))
             else:
-                tasks.append(_run_program(session, url, model, item, t0, rng, ledger, stats))
+                tasks.append(_run_program(session, url, model, item, t0, rng, ledger, stats,
+                                          carrier))
         await asyncio.gather(*tasks)
         wall = time.monotonic() - t0
     return ledger, stats, wall
@@ -327,6 +317,8 @@ def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt", type=int, default=128)
     p.add_argument("--max-output", type=int, default=96)
     p.add_argument("--model", default=None)
+    p.add_argument("--slo-via", choices=("body", "headers", "none"), default="body",
+                   help="send the SLO as the body's slo object, x-slo-* headers, or not at all")
     p.add_argument("--policies", default=None,
                    help="comma list: switch the sidecar to each in turn via --policy-file")
     p.add_argument("--policy-file", type=Path, default=None,
@@ -347,7 +339,8 @@ async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
             if args.policy_file is None:
                 raise ValueError("--policies needs --policy-file (the sidecar's --config file)")
             await switch_policy(args.url, args.policy_file, policy)
-        ledger, stats, wall = await run_live(args.url, items, args.model, args.seed)
+        ledger, stats, wall = await run_live(args.url, items, args.model, args.seed,
+                                             carrier=args.slo_via)
         async with aiohttp.ClientSession() as session:
             state = await _scheduler_state(session, args.url)
         name = policy or (state or {}).get("policy") or "endpoint"

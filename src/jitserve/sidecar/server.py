@@ -47,6 +47,7 @@ from jitserve.sidecar.errors import APIError, backend_down, bad_request
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.prompts import PromptReader, served_model
+from jitserve.sidecar.vllm_routes import add_vllm_routes
 from jitserve.slo import SLOError
 
 log = logging.getLogger("jitserve.sidecar")
@@ -91,6 +92,7 @@ class SidecarServer:
             web.get("/health", self.health),
             web.get("/ready", self.ready),
         ])
+        add_vllm_routes(self.app, self.backend)  # /tokenize, /detokenize, /version
         self.admin_app: web.Application | None = None
         if settings.admin_port is None:
             self.app.add_routes([web.get("/metrics", self.metrics_handler),

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""vLLM's own serving benchmark against the sidecar and against the bare vLLM, alternately.
+
+Runs the load generator vLLM users compare servers with (``vllm.benchmarks.serve``, the
+code behind ``vllm bench serve``) in this process, once per run, alternating the sidecar
+(A) and the vLLM behind it (B) for ``--rounds`` rounds at each ``--rates`` arrival rate,
+and collects its JSON results into one table (Markdown + JSON): request throughput,
+output throughput, vLLM's request goodput (``--goodput ttft:MS tpot:MS``), TTFT/TPOT
+percentiles, refusals by status (429/503) and the client's own warnings. It must run
+with the interpreter that has vLLM (the CPU build's venv); it needs nothing from
+jitserve:
+
+    ~/.cache/jitserve/vllm-venv/bin/python scripts/bench-vllm-serve.py \\
+        --sidecar http://127.0.0.1:8080 --bare http://127.0.0.1:8000 \\
+        --rates 14,30,40 --rounds 2 --duration 30 --slo-headers --out bench-out/vllm-serve
+
+``--capacity`` first measures the bare engine's capacity (all prompts at once, completed
+requests per second) and, with ``--loads 0.7,1.5,2``, takes the rates from it.
+
+Every run gets its own ``--seed`` (base + run index): the random dataset's prompts repeat
+for a given seed, and vLLM's prefix cache would serve a repeated prompt without prefill,
+favouring whichever target runs second. Between runs the script waits until neither the
+sidecar nor vLLM holds a request. The ``vllm`` console script does not work with the CPU
+wheel (no distribution metadata), hence the in-process call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TOKENIZER = Path.home() / ".cache" / "jitserve" / "models" / "tiny-llama"
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as err:
+        return 0, str(err)
+
+
+def gauge(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def busy(sidecar: str | None, bare: str) -> bool:
+    status, text = get(bare + "/metrics")
+    if status != 200:
+        return True
+    if gauge(text, "vllm:num_requests_running") + gauge(text, "vllm:num_requests_waiting"):
+        return True
+    if sidecar:
+        status, text = get(sidecar + "/debug/scheduler")
+        if status != 200:
+            return True
+        state = json.loads(text)
+        return bool(state.get("running") or state.get("waiting"))
+    return False
+
+
+def wait_idle(sidecar: str | None, bare: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while busy(sidecar, bare):
+        if time.monotonic() > deadline:
+            fail(f"the sidecar or vLLM still holds requests after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def scheduler_state(sidecar: str) -> dict[str, Any]:
+    status, text = get(sidecar + "/debug/scheduler")
+    doc: dict[str, Any] = json.loads(text) if status == 200 else {}
+    return doc
+
+
+def run_client(argv: list[str], log_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """One run of vLLM's serving benchmark; its output goes to ``log_path``. Returns its
+    result document and the warning lines it printed."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(argv)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        result: dict[str, Any] = main(args)
+    text = buffer.getvalue()
+    log_path.write_text(" ".join(argv) + "\n\n" + text)
+    warnings = sorted({line.strip() for line in text.splitlines()
+                       if re.search(r"\bWARNING\b|\bwarn", line, re.IGNORECASE)})
+    return result, warnings
+
+
+def client_argv(base_url: str, args: argparse.Namespace, rate: float, num_prompts: int,
+                seed: int, headers: list[str]) -> list[str]:
+    argv = [
+        "--backend", "openai-chat", "--base-url", base_url,
+        "--endpoint", "/v1/chat/completions", "--tokenizer", str(args.tokenizer),
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts),
+        "--request-rate", "inf" if math.isinf(rate) else f"{rate:g}",
+        "--goodput", *args.goodput.split(), "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99", "--temperature", "0", "--seed", str(seed),
+        "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "60",
+    ]
+    for header in headers:
+        argv += ["--header", header]
+    return argv
+
+
+def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
+    errors = [e for e in result.get("errors") or [] if e]
+    by_reason: dict[str, int] = {}
+    for error in errors:
+        reason = error.strip().splitlines()[-1][:80] if error.strip() else "?"
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    keys = ("duration", "completed", "failed", "request_throughput", "request_goodput",
+            "output_throughput", "total_token_throughput", "median_ttft_ms", "p90_ttft_ms",
+            "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+            "median_e2el_ms", "p99_e2el_ms", "max_concurrent_requests")
+    out = {k: result.get(k) for k in keys}
+    out["refused_429"] = by_reason.get("Too Many Requests", 0)
+    out["refused_503"] = by_reason.get("Service Unavailable", 0)
+    out["errors_by_reason"] = by_reason
+    return out
+
+
+def measure_capacity(args: argparse.Namespace, out: Path) -> float:
+    wait_idle(None, args.bare)
+    num = args.capacity_prompts
+    print(f"capacity: {num} prompts at once against the bare vLLM {args.bare} ...", flush=True)
+    result, _ = run_client(client_argv(args.bare, args, math.inf, num, args.seed + 999, []),
+                           out / "capacity.log")
+    run = summarize_run(result)
+    capacity = float(run["request_throughput"])
+    print(f"capacity: {capacity:.2f} req/s ({run['completed']} completed in "
+          f"{run['duration']:.1f} s, {run['output_throughput']:.0f} output tok/s, load "
+          f"{os.getloadavg()[0]:.1f})", flush=True)
+    (out / "capacity.json").write_text(json.dumps({"capacity_req_per_s": capacity, **run},
+                                                  indent=2))
+    return capacity
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = ("| rate (req/s) | run | target | SLO headers | throughput (req/s) | output (tok/s) "
+            "| goodput (req/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | completed / failed "
+            "| 429 / 503 | dispatch gap p50 / p99 (ms) | load avg |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        gap = r.get("dispatch_gap_ms") or {}
+        lines.append(
+            f"| {r['rate']:g} | {r['round']} | {r['target']} | {'yes' if r['headers'] else 'no'} "
+            f"| {fmt(r['request_throughput'], '.2f')} | {fmt(r['output_throughput'], '.0f')} "
+            f"| {fmt(r['request_goodput'], '.2f')} "
+            f"| {fmt(r['median_ttft_ms'], '.0f')} / {fmt(r['p99_ttft_ms'], '.0f')} "
+            f"| {fmt(r['median_tpot_ms'], '.0f')} / {fmt(r['p99_tpot_ms'], '.0f')} "
+            f"| {r['completed']} / {r['failed']} | {r['refused_429']} / {r['refused_503']} "
+            f"| {fmt(gap.get('p50'), '.1f')} / {fmt(gap.get('p99'), '.1f')} "
+            f"| {r['load_start']:.1f}-{r['load_end']:.1f} |")
+    lines.append("")
+    for rate in sorted({r["rate"] for r in rows}):
+        group = [r for r in rows if r["rate"] == rate]
+        means = {}
+        for target in ("jitserve", "vllm"):
+            mine = [r for r in group if r["target"] == target]
+            if mine:
+                means[target] = {k: sum(r[k] or 0.0 for r in mine) / len(mine)
+                                 for k in ("request_throughput", "output_throughput",
+                                           "request_goodput")}
+        if len(means) == 2:
+            ratio = {k: means["jitserve"][k] / means["vllm"][k] if means["vllm"][k] else math.inf
+                     for k in means["vllm"]}
+            lines.append(
+                f"- {rate:g} req/s: jitserve / bare vLLM throughput "
+                f"{ratio['request_throughput']:.2f}x (output tokens "
+                f"{ratio['output_throughput']:.2f}x), request goodput "
+                f"{ratio['request_goodput']:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--sidecar", default="http://127.0.0.1:8080", help="the jitserve endpoint")
+    p.add_argument("--bare", default="http://127.0.0.1:8000", help="the vLLM behind it")
+    p.add_argument("--rates", help="comma-separated arrival rates (req/s)")
+    p.add_argument("--loads", help="comma-separated loads x measured capacity (with --capacity)")
+    p.add_argument("--capacity", action="store_true",
+                   help="first measure the bare engine's capacity (all prompts at once)")
+    p.add_argument("--capacity-prompts", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=2, help="A/B rounds per rate")
+    p.add_argument("--duration", type=float, default=30.0,
+                   help="seconds of arrivals per run (num prompts = rate x duration)")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--goodput", default="ttft:2000 tpot:100")
+    p.add_argument("--slo-headers", action="store_true",
+                   help="send x-slo-ttft-ms / x-slo-tpot-ms from --goodput (to both targets: "
+                   "vLLM ignores unknown headers)")
+    p.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("bench-out/vllm-serve"))
+    args = p.parse_args()
+    try:
+        import vllm.benchmarks.serve  # noqa: F401
+    except ImportError as err:
+        fail(f"run this with the interpreter that has vLLM (e.g. "
+             f"~/.cache/jitserve/vllm-venv/bin/python): {err}")
+    args.sidecar, args.bare = args.sidecar.rstrip("/"), args.bare.rstrip("/")
+    for name, url in (("--sidecar", args.sidecar), ("--bare", args.bare)):
+        status, text = get(url + "/v1/models")
+        if status != 200:
+            fail(f"{name} {url} does not answer GET /v1/models ({status}: {text[:200]})")
+    if not args.tokenizer.exists():
+        fail(f"--tokenizer {args.tokenizer}: no such folder (jitserve up makes the tiny model)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rates: list[float] = []
+    capacity = measure_capacity(args, args.out) if args.capacity else None
+    if args.rates:
+        rates += [float(x) for x in args.rates.split(",") if x.strip()]
+    if args.loads:
+        if capacity is None:
+            fail("--loads needs --capacity")
+        rates += [round(float(x) * capacity, 1) for x in args.loads.split(",") if x.strip()]
+    if not rates:
+        return 0
+    headers: list[str] = []
+    if args.slo_headers:
+        goals = dict(item.split(":") for item in args.goodput.split())
+        if "ttft" in goals:
+            headers.append(f"x-slo-ttft-ms={goals['ttft']}")
+        if "tpot" in goals:
+            headers.append(f"x-slo-tpot-ms={goals['tpot']}")
+    rows: list[dict[str, Any]] = []
+    for rate in rates:
+        num = max(1, round(rate * args.duration))
+        for round_ in range(1, args.rounds + 1):
+            for target, url in (("jitserve", args.sidecar), ("vllm", args.bare)):
+                wait_idle(args.sidecar, args.bare)
+                time.sleep(2.0)
+                seed = args.seed + len(rows)
+                load_start = os.getloadavg()[0]
+                print(f"rate {rate:g}, round {round_}: {target} {url} ({num} prompts, seed "
+                      f"{seed}, load {load_start:.1f}) ...", flush=True)
+                result, warnings = run_client(
+                    client_argv(url, args, rate, num, seed, headers),
+                    args.out / f"run-{len(rows):02d}-{target}-{rate:g}.log")
+                row = {"rate": rate, "round": round_, "target": target, "url": url,
+                       "headers": bool(headers), "seed": seed, "num_prompts": num,
+                       "load_start": load_start, "load_end": os.getloadavg()[0],
+                       "client_warnings": warnings, **summarize_run(result)}
+                if target == "jitserve":
+                    row["dispatch_gap_ms"] = scheduler_state(args.sidecar).get("dispatch_gap_ms")
+                rows.append(row)
+                print(f"  {row['request_throughput']:.2f} req/s, goodput "
+                      f"{fmt(row['request_goodput'], '.2f')} req/s, {row['completed']} done, "
+                      f"429/503 {row['refused_429']}/{row['refused_503']}"
+                      + (f"; client warnings: {warnings}" if warnings else ""), flush=True)
+                (args.out / "results.json").write_text(json.dumps(
+                    {"capacity_req_per_s": capacity, "runs": rows}, indent=2))
+    table = markdown(rows)
+    (args.out / "results.md").write_text(table + "\n")
+    print()
+    print(table)
+    print(f"\nwrote {args.out / 'results.json'} and {args.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

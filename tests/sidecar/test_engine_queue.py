@@ -1,0 +1,137 @@
+"""The engine queue, watched through vLLM's own metrics (real CPU vLLM, tiny model).
+
+With ``--engine-queue Q`` the sidecar keeps up to Q requests waiting *inside* vLLM beyond
+its B = ``--max-num-seqs`` running slots, so a slot freed by a finished (or aborted)
+request is refilled by vLLM in its next step, not after a round trip through the sidecar.
+Observed here through vLLM's ``/metrics`` ``vllm:num_requests_waiting``.
+
+No timing luck: the blockers are long (they cannot finish during the test), so vLLM's
+slots stay full and the sidecar's own queue stays non-empty by construction; every wait
+is bounded; and freeing fewer slots than Q are queued in vLLM means vLLM's waiting queue
+cannot run dry even if the sidecar process is not scheduled for seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from sidecar_support import SidecarProcess, get_text, metric
+
+from jitserve.bench.live import stream_completion
+
+pytestmark = pytest.mark.timeout(300)
+
+SLOTS = 16  # the session vLLM's --max-num-seqs (conftest.py)
+ENGINE_QUEUE = 4
+QUEUED = 10  # beyond B: ENGINE_QUEUE of them wait in vLLM, the rest in the sidecar
+FREED = 3  # < ENGINE_QUEUE: vLLM keeps a waiting request while the sidecar refills
+LONG = 1900  # output tokens: nothing finishes while the test looks
+POLICY = {
+    # no preemption (it would move requests back to the sidecar) and no retirement
+    "scheduler": {"preemption": {"enabled": False}},
+    "admission": {"maxWaitingSeconds": 3600},
+}
+BOUND_S = 90.0
+
+
+@pytest.fixture
+def sidecar(vllm_url: str, tmp_path: Path) -> Iterator[SidecarProcess]:
+    config = tmp_path / "policy.yaml"
+    config.write_text(yaml.safe_dump(POLICY))
+    s = SidecarProcess(vllm_url, config=config, max_running=SLOTS, engine_queue=ENGINE_QUEUE)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.close()
+
+
+def _vllm(vllm_url: str) -> tuple[float, float]:
+    text = get_text(vllm_url + "/metrics")
+    return (metric(text, "vllm:num_requests_running"),
+            metric(text, "vllm:num_requests_waiting"))
+
+
+async def _until(check: Callable[[], bool], what: str, tasks: list[asyncio.Task[Any]]) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not check():
+        failed = [t for t in tasks if t.done()]
+        assert not failed, f"a request ended early while waiting for {what}: {failed[0].result()}"
+        assert time.monotonic() < deadline, f"no {what} within {BOUND_S:.0f} s"
+        await asyncio.sleep(0.05)
+
+
+def test_vllm_waiting_queue_is_fed_while_the_sidecar_holds_requests(
+    sidecar: SidecarProcess, vllm_url: str
+) -> None:
+    body = {"prompt": [5, 17, 99, 400, 23, 8, 77], "max_tokens": LONG, "ignore_eos": True,
+            "slo": {"kind": "deadline", "deadline_s": 3600}}
+    assert _vllm(vllm_url) == (0, 0), "the session's vLLM is not idle"
+
+    def state() -> dict[str, Any]:
+        return sidecar.state()
+
+    async def scenario() -> list[tuple[int, float]]:
+        samples: list[tuple[int, float]] = []
+        async with aiohttp.ClientSession() as session:
+            blockers = [asyncio.create_task(stream_completion(session, sidecar.url, body))
+                        for _ in range(SLOTS)]
+            queued: list[asyncio.Task[Any]] = []
+            try:
+                await _until(lambda: _vllm(vllm_url)[0] == SLOTS, "full vLLM batch", blockers)
+                queued = [asyncio.create_task(stream_completion(session, sidecar.url, body))
+                          for _ in range(QUEUED)]
+                everything = blockers + queued
+
+                # 1. the sidecar dispatches ENGINE_QUEUE beyond vLLM's slots and keeps the rest
+                def steady() -> bool:
+                    s = state()
+                    return (s["running"] == SLOTS + ENGINE_QUEUE
+                            and s["waiting"] == QUEUED - ENGINE_QUEUE
+                            and _vllm(vllm_url) == (SLOTS, ENGINE_QUEUE))
+
+                await _until(steady, "vLLM waiting = engine queue", everything)
+                samples.append((state()["waiting"], _vllm(vllm_url)[1]))
+
+                # 2. free FREED slots (client disconnect aborts the vLLM request): vLLM
+                # takes from its own queue at once, the sidecar refills it from its queue
+                for task in blockers[:FREED]:
+                    task.cancel()
+                await asyncio.gather(*blockers[:FREED], return_exceptions=True)
+                live = blockers[FREED:] + queued
+                deadline = time.monotonic() + BOUND_S
+                while True:
+                    s_waiting = state()["waiting"]
+                    running, waiting = _vllm(vllm_url)
+                    assert s_waiting > 0  # by construction: QUEUED - ENGINE_QUEUE > FREED
+                    samples.append((s_waiting, waiting))
+                    if (s_waiting == QUEUED - ENGINE_QUEUE - FREED
+                            and (running, waiting) == (SLOTS, ENGINE_QUEUE)):
+                        break
+                    assert not any(t.done() for t in live), "a request ended early"
+                    assert time.monotonic() < deadline, (
+                        f"vLLM's queue not refilled within {BOUND_S:.0f} s: {samples[-5:]}")
+                    await asyncio.sleep(0.02)
+            finally:
+                for task in blockers + queued:
+                    task.cancel()
+                await asyncio.gather(*blockers, *queued, return_exceptions=True)
+        return samples
+
+    samples = asyncio.run(scenario())
+    # while the sidecar's queue was non-empty, vLLM's waiting queue never was empty
+    assert samples and all(s_waiting > 0 for s_waiting, _ in samples)
+    assert all(waiting >= 1 for _, waiting in samples), samples
+    assert samples[-1] == (QUEUED - ENGINE_QUEUE - FREED, ENGINE_QUEUE)
+    # the cancelled streams are gone from vLLM as well: nothing leaks into other tests
+    deadline = time.monotonic() + BOUND_S
+    while _vllm(vllm_url) != (0, 0):
+        assert time.monotonic() < deadline, f"vLLM still busy: {_vllm(vllm_url)}"
+        time.sleep(0.1)
