@@ -116,8 +116,10 @@ def run_client(argv: list[str], log_path: Path) -> tuple[dict[str, Any], list[st
 
 def client_argv(base_url: str, args: argparse.Namespace, rate: float, num_prompts: int,
                 seed: int, headers: list[str]) -> list[str]:
+    # --model: the served name, so that the client's /tokenize calls name a served model
+    # (unset, it sends the model's root path, which vLLM answers with 404)
     argv = [
-        "--backend", "openai-chat", "--base-url", base_url,
+        "--backend", "openai-chat", "--base-url", base_url, "--model", args.model,
         "--endpoint", "/v1/chat/completions", "--tokenizer", str(args.tokenizer),
         "--dataset-name", "random", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts),
@@ -126,8 +128,8 @@ def client_argv(base_url: str, args: argparse.Namespace, rate: float, num_prompt
         "--metric-percentiles", "50,90,99", "--temperature", "0", "--seed", str(seed),
         "--save-detailed", "--disable-tqdm", "--ready-check-timeout-sec", "60",
     ]
-    for header in headers:
-        argv += ["--header", header]
+    if headers:
+        argv += ["--header", *headers]  # nargs="*": one flag, or only the last one counts
     return argv
 
 
@@ -170,7 +172,7 @@ def fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]], sidecars: list[str]) -> str:
     head = ("| rate (req/s) | run | target | SLO headers | throughput (req/s) | output (tok/s) "
             "| goodput (req/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | completed / failed "
             "| 429 / 503 | dispatch gap p50 / p99 (ms) | load avg |")
@@ -190,17 +192,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for rate in sorted({r["rate"] for r in rows}):
         group = [r for r in rows if r["rate"] == rate]
         means = {}
-        for target in ("jitserve", "vllm"):
+        for target in [*sidecars, "vllm"]:
             mine = [r for r in group if r["target"] == target]
             if mine:
                 means[target] = {k: sum(r[k] or 0.0 for r in mine) / len(mine)
                                  for k in ("request_throughput", "output_throughput",
                                            "request_goodput")}
-        if len(means) == 2:
-            ratio = {k: means["jitserve"][k] / means["vllm"][k] if means["vllm"][k] else math.inf
+        for name in sidecars:
+            if name not in means or "vllm" not in means:
+                continue
+            ratio = {k: means[name][k] / means["vllm"][k] if means["vllm"][k] else math.inf
                      for k in means["vllm"]}
             lines.append(
-                f"- {rate:g} req/s: jitserve / bare vLLM throughput "
+                f"- {rate:g} req/s: {name} / bare vLLM throughput "
                 f"{ratio['request_throughput']:.2f}x (output tokens "
                 f"{ratio['output_throughput']:.2f}x), request goodput "
                 f"{ratio['request_goodput']:.2f}x")
@@ -210,7 +214,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--sidecar", default="http://127.0.0.1:8080", help="the jitserve endpoint")
+    p.add_argument("--sidecar", action="append", metavar="[NAME=]URL",
+                   help="the jitserve endpoint (default http://127.0.0.1:8080); repeat with "
+                   "NAME=URL to compare several sidecars (e.g. settings) with the same vLLM")
     p.add_argument("--bare", default="http://127.0.0.1:8000", help="the vLLM behind it")
     p.add_argument("--rates", help="comma-separated arrival rates (req/s)")
     p.add_argument("--loads", help="comma-separated loads x measured capacity (with --capacity)")
@@ -235,11 +241,21 @@ def main() -> int:
     except ImportError as err:
         fail(f"run this with the interpreter that has vLLM (e.g. "
              f"~/.cache/jitserve/vllm-venv/bin/python): {err}")
-    args.sidecar, args.bare = args.sidecar.rstrip("/"), args.bare.rstrip("/")
-    for name, url in (("--sidecar", args.sidecar), ("--bare", args.bare)):
+    sidecars: list[tuple[str, str]] = []
+    for item in args.sidecar or ["http://127.0.0.1:8080"]:
+        name, sep, url = item.partition("=")
+        sidecars.append((name, url.rstrip("/")) if sep else ("jitserve", item.rstrip("/")))
+    if len({name for name, _ in sidecars}) < len(sidecars) or "vllm" in dict(sidecars):
+        fail("--sidecar: give each sidecar its own NAME (not 'vllm'): NAME=URL")
+    args.bare = args.bare.rstrip("/")
+    for name, url in [(f"--sidecar {n}", u) for n, u in sidecars] + [("--bare", args.bare)]:
         status, text = get(url + "/v1/models")
         if status != 200:
             fail(f"{name} {url} does not answer GET /v1/models ({status}: {text[:200]})")
+        try:
+            args.model = str(json.loads(text)["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            fail(f"{name} {url}: /v1/models lists no model ({text[:200]})")
     if not args.tokenizer.exists():
         fail(f"--tokenizer {args.tokenizer}: no such folder (jitserve up makes the tiny model)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -264,22 +280,26 @@ def main() -> int:
     for rate in rates:
         num = max(1, round(rate * args.duration))
         for round_ in range(1, args.rounds + 1):
-            for target, url in (("jitserve", args.sidecar), ("vllm", args.bare)):
-                wait_idle(args.sidecar, args.bare)
+            for target, url in [*sidecars, ("vllm", args.bare)]:
+                for _, sidecar_url in sidecars:
+                    wait_idle(sidecar_url, args.bare)
                 time.sleep(2.0)
                 seed = args.seed + len(rows)
                 load_start = os.getloadavg()[0]
                 print(f"rate {rate:g}, round {round_}: {target} {url} ({num} prompts, seed "
                       f"{seed}, load {load_start:.1f}) ...", flush=True)
-                result, warnings = run_client(
-                    client_argv(url, args, rate, num, seed, headers),
-                    args.out / f"run-{len(rows):02d}-{target}-{rate:g}.log")
+                stem = f"run-{len(rows):02d}-{target}-{rate:g}"
+                result, warnings = run_client(client_argv(url, args, rate, num, seed, headers),
+                                              args.out / f"{stem}.log")
+                detail = {k: result.get(k) for k in ("start_times", "ttfts", "latencies",
+                                                     "output_lens", "errors")}
+                (args.out / f"{stem}.json").write_text(json.dumps(detail))
                 row = {"rate": rate, "round": round_, "target": target, "url": url,
                        "headers": bool(headers), "seed": seed, "num_prompts": num,
                        "load_start": load_start, "load_end": os.getloadavg()[0],
                        "client_warnings": warnings, **summarize_run(result)}
-                if target == "jitserve":
-                    row["dispatch_gap_ms"] = scheduler_state(args.sidecar).get("dispatch_gap_ms")
+                if target != "vllm":
+                    row["dispatch_gap_ms"] = scheduler_state(url).get("dispatch_gap_ms")
                 rows.append(row)
                 print(f"  {row['request_throughput']:.2f} req/s, goodput "
                       f"{fmt(row['request_goodput'], '.2f')} req/s, {row['completed']} done, "
@@ -287,7 +307,7 @@ def main() -> int:
                       + (f"; client warnings: {warnings}" if warnings else ""), flush=True)
                 (args.out / "results.json").write_text(json.dumps(
                     {"capacity_req_per_s": capacity, "runs": rows}, indent=2))
-    table = markdown(rows)
+    table = markdown(rows, [name for name, _ in sidecars])
     (args.out / "results.md").write_text(table + "\n")
     print()
     print(table)
