@@ -6,6 +6,8 @@
 - :mod:`~jitserve.bench.report`: tables, JSON and plots;
 - :mod:`~jitserve.bench.micro`: one GMAX decision over thousands of live requests;
 - :mod:`~jitserve.bench.live`: the same workloads replayed against a live endpoint;
+- :mod:`~jitserve.bench.compare`: that replay against the sidecar and its bare vLLM, A/B;
+- :mod:`~jitserve.bench.stream`: the streaming client that times every token;
 - :mod:`~jitserve.bench.overhead`: the latency the sidecar adds per streamed token.
 
 Simulated runs need only the core dependencies; the live tools need the sidecar extra.
