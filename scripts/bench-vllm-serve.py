@@ -74,6 +74,8 @@ def busy(sidecar: str | None, bare: str) -> bool:
         return True
     if sidecar:
         status, text = get(sidecar + "/debug/scheduler")
+        if status == 404:  # served on the sidecar's admin port: vLLM's view counts
+            return False
         if status != 200:
             return True
         state = json.loads(text)

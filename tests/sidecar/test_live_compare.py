@@ -1,4 +1,4 @@
-"""The live A/B against the bare engine and the pass-through routes (real CPU vLLM).
+"""The live A/B against the bare engine and the vLLM utility routes (real CPU vLLM).
 
 - ``jitserve bench --live SIDECAR --live-bare VLLM`` runs both targets alternately and
   writes one table; the SLO reaches the sidecar (as headers here) and never the bare vLLM;
@@ -92,7 +92,7 @@ def test_slo_headers_and_table_without_a_bare_run() -> None:
     assert markdown([]).startswith("| run | target |")
 
 
-def test_passthrough_routes_answer_like_vllm(sidecar: SidecarProcess, vllm_url: str) -> None:
+def test_vllm_utility_routes_answer_like_vllm(sidecar: SidecarProcess, vllm_url: str) -> None:
     body = {"model": "tiny-llama", "prompt": "hello world", "add_special_tokens": False}
     direct = post(vllm_url + "/tokenize", body)
     through = post(sidecar.url + "/tokenize", body)
@@ -107,7 +107,7 @@ def test_passthrough_routes_answer_like_vllm(sidecar: SidecarProcess, vllm_url: 
     assert "error" in doc
 
 
-def test_passthrough_without_backend_is_503_with_retry_after(tmp_path: Path) -> None:
+def test_vllm_utility_routes_without_backend_are_503_with_retry_after(tmp_path: Path) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text("{}")
     dead = f"http://127.0.0.1:{vl.free_port()}"

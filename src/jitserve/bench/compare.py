@@ -110,9 +110,10 @@ async def wait_idle(session: aiohttp.ClientSession, sidecar: str, bare: str,
     while time.monotonic() < deadline:
         s_status, s_text = await _get(session, sidecar.rstrip("/") + "/debug/scheduler")
         v_status, v_text = await _get(session, bare.rstrip("/") + "/metrics")
-        busy = s_status != 200 or v_status != 200
+        # 404: the sidecar serves /debug/scheduler on its admin port; vLLM's view counts
+        busy = s_status not in (200, 404) or v_status != 200
         if not busy:
-            state = json.loads(s_text)
+            state = json.loads(s_text) if s_status == 200 else {}
             busy = bool(state.get("running") or state.get("waiting"))
             busy = busy or (_gauge(v_text, "vllm:num_requests_running")
                             + _gauge(v_text, "vllm:num_requests_waiting")) > 0
