@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from jitserve.policy import SLODefaults, SLOPolicySpec, dump_policy_yaml, load_policy
+from jitserve.scheduling.registry import make_policy
 from jitserve.sidecar.api import parse_request, resolve_slo
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
 from jitserve.sidecar.errors import APIError
@@ -180,6 +181,38 @@ def test_config_watcher_applies_valid_changes_and_keeps_last_good(tmp_path: Path
     path.write_text("scheduler: [unclosed\n")
     assert not watcher.poll() and "cannot read" in (watcher.last_error or "")
     assert len(applied) == 1
+
+
+def test_config_watcher_rejects_empty_unknown_and_non_utf8_files(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("scheduler:\n  cutoff:\n    mode: fixed\n    value: 0.6\n")
+    results: list[str] = []
+    watcher = ConfigWatcher(path, lambda spec: None, results.append,
+                            validate=lambda spec: make_policy(spec))
+    path.write_text("")
+    assert not watcher.poll() and watcher.last_error is None  # maybe mid-write: next poll
+    assert not watcher.poll() and "empty" in (watcher.last_error or "")
+    path.write_bytes(b"scheduler:\n  policy: gmax\n\xff\n")
+    assert not watcher.poll() and "utf-8" in (watcher.last_error or "")
+    path.write_text("scheduler:\n  policy: nope\n")
+    assert not watcher.poll() and "nope" in (watcher.last_error or "")
+    assert results == ["error", "error", "error"]
+    assert watcher.spec.scheduler.cutoff.value == 0.6 and watcher.spec.scheduler.policy == "gmax"
+
+
+def test_tenant_keys_fail_closed_and_never_raise(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.yaml"
+    keys = TenantKeys(SidecarSettings(api_keys_file=keys_file))
+    for content in ("", "team-a: [\n", "[1, 2]\n", "team-a: {nested: map}\n"):
+        keys_file.write_text(content)
+        keys.rebuild(SLOPolicySpec())
+        assert keys.enabled and keys.unavailable is not None and keys.error, content
+    keys_file.unlink()
+    keys.rebuild(SLOPolicySpec())
+    assert keys.enabled and "cannot read" in (keys.unavailable or "")
+    keys_file.write_text("team-a: key-a\n")
+    keys.rebuild(SLOPolicySpec())
+    assert keys.unavailable is None and keys.tenant_of("key-a") == "team-a"
 
 
 def test_tenant_keys_from_flags_file_and_mounted_secrets(tmp_path: Path) -> None:

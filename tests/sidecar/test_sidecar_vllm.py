@@ -552,7 +552,8 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
 
     config.write_text("scheduler:\n  cutoff:\n    value: 3\n")
     wait_until(
-        lambda: get_json(s.url + "/ready")[1].get("config_error") is not None,
+        lambda: "scheduler.cutoff.value" in (get_json(s.url + "/ready")[1].get("config_error")
+                                             or ""),
         15,
         "the invalid file to be reported",
     )

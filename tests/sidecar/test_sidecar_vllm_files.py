@@ -104,7 +104,8 @@ def test_missing_secrets_fail_closed(sidecar: Factory, tmp_path: Path) -> None:
     status, _, doc = post(s.url + "/v1/completions", body(2))
     assert status == 503 and doc["error"]["code"] == "auth_unavailable", doc
     s.config.write_text("")  # an emptied policy file keeps the last good one (keys stay on)
-    time.sleep(0.6)
+    wait_until(lambda: "empty" in (get_json(s.url + "/ready")[1].get("config_error") or ""),
+               15, "the empty policy file to be reported")
     status, ready = get_json(s.url + "/ready")
     assert status == 503 and "empty" in ready["config_error"], ready
     status, _, doc = post(s.url + "/v1/completions", body(2))

@@ -94,7 +94,8 @@ class ConfigWatcher:
     ``validate(spec)`` checks what the schema cannot (the scheduler name exists) and
     raises ``ValueError``. A rejected file (unreadable, not UTF-8, invalid, unknown
     scheduler, or empty: an emptied ConfigMap is a mistake, not "use the defaults")
-    keeps the last good spec, sets ``last_error`` and counts ``on_result("error")``."""
+    keeps the last good spec, sets ``last_error`` and counts ``on_result("error")``; an
+    empty or missing file is judged only when it is still so at the next poll."""
 
     def __init__(self, path: Path | None, on_change: Callable[[SLOPolicySpec], None],
                  on_result: Callable[[str], None], interval_s: float = 1.0,
@@ -106,6 +107,7 @@ class ConfigWatcher:
         self.validate = validate
         self.last_error: str | None = None
         self._digest: bytes | None = None
+        self._suspect = False
         self.spec = self.load_initial()
 
     def load_initial(self) -> SLOPolicySpec:
@@ -152,6 +154,12 @@ class ConfigWatcher:
         digest = self._read_digest()
         if digest == self._digest:
             return False
+        if digest in (None, _EMPTY) and not self._suspect:
+            # an editor or `write_text` truncates before it writes: judge an empty or
+            # vanished file on the next poll, not mid-write
+            self._suspect = True
+            return False
+        self._suspect = False
         self._digest = digest
         if digest is None:
             return self._reject(f"cannot read {self.path}; keeping the last good policy")
