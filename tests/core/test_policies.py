@@ -8,8 +8,10 @@ from jitserve.policy import SLOPolicySpec, load_policy
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF
-from jitserve.scheduling.estimators import MeanEstimator, OracleEstimator, QuantileEstimator
+from jitserve.scheduling.estimators import ExactEstimator, MeanEstimator, QuantileEstimator
 from jitserve.scheduling.gmax import GMAX, latency_tokens_reachable
+from jitserve.scheduling.grouping import choose_group
+from jitserve.scheduling.registry import make_policy
 from jitserve.slo import DeadlineSLO, LatencySLO
 
 from .conftest import live
@@ -133,7 +135,7 @@ def test_gmax_group_is_sequenced_by_latest_start() -> None:
 
 
 def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     # each prompt takes 1 s to prefill (10k tokens at 1e-4 s); deadlines allow only one
     a = live("a", prompt=10000, output=1, slo=DeadlineSLO(1.5))
     b = live("b", prompt=10000, output=1, slo=DeadlineSLO(1.6))
@@ -150,13 +152,12 @@ def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
 
 def test_gmax_cutoff_and_window_pick_homogeneous_group() -> None:
     # four candidates pass p=0.5; the window of two with the highest priority sum wins
-    gmax = GMAX(fixed(0.5))
     rs = [live(f"r{i}", prompt=p, output=100) for i, p in enumerate([100, 110, 3000, 3100])]
     priority = np.array([1.0, 0.9, 1.0, 0.95])
-    chosen = gmax._group(rs, priority, batch=2)
+    chosen, threshold = choose_group(rs, priority, 2, 0.5, 4)
     assert [r.req.request_id for r, c in zip(rs, chosen, strict=True) if c] == ["r2", "r3"]
-    gmax_strict = GMAX(fixed(1.0))
-    chosen = gmax_strict._group(rs, priority, batch=2)
+    assert threshold == 0.5 * 1.0  # p x the B-th best
+    chosen, _ = choose_group(rs, priority, 2, 1.0, 4)
     assert chosen.sum() == 2 and chosen[0] and chosen[2]
 
 
@@ -178,7 +179,7 @@ def test_gmax_preempts_only_when_gain_exceeds_cost() -> None:
 
 
 def test_gmax_retires_overdue_and_unreachable_requests() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     # waited past maxWaitingSeconds (5 s) and left out of the group (B = 1): retired
     stale = live("stale", arrival=0.0, prompt=10, output=1000, slo=DeadlineSLO(100))
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
@@ -192,7 +193,7 @@ def test_gmax_retires_overdue_and_unreachable_requests() -> None:
 
 
 def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     patient = live("patient", arrival=0.0, slo=DeadlineSLO(100))
     gmax.enqueue(patient, 9.0)
     assert gmax.frame(view([], batch=8, now=10.0)).retire == []
@@ -200,7 +201,7 @@ def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
 
 
 def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
-    demote = GMAX(load_policy({"admission": {"overloadAction": "demote"}}))
+    demote = make_policy(load_policy({"admission": {"overloadAction": "demote"}}), name="gmax")
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     demote.enqueue(doomed, 9.0)
     assert demote.frame(view([], batch=8, now=10.0)).retire == []
@@ -247,7 +248,7 @@ def test_estimators_refine_and_never_undercut_generated() -> None:
     assert q.bound(r, 0) / 500 > q.bound(r, 500) / 750  # relaxes toward the truth
     assert q.expected(r, 0) == 500.0  # mean of 1..1000 (rounded)
     assert q.expected(r, 800) == 900.0  # mean of 801..1000
-    assert OracleEstimator().bound(live("o", output=42).req, 10) == 42
+    assert ExactEstimator().bound(live("o", output=42).req, 10) == 42
     mean = MeanEstimator(prior_tokens=100)
     mean.observe(r, 300)
     assert mean.bound(r, 0) == 200
