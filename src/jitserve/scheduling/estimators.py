@@ -229,19 +229,30 @@ class StageShareEstimator(ABC):
 
 
 class UniformStageShare(StageShareEstimator):
-    """No history: assume the program has as many stages as the longest seen, each
-    taking an equal share (until the last known stage, which gets the rest)."""
+    """No pattern history, only how many stages past programs had: stage s gets an equal
+    share of the program's budget among the stages a program that reached s is expected
+    to have, ``phi(s) = (s + 1) / E[stages | stages > s]`` over the last ``window``
+    programs (``expected_stages`` before any finished)."""
 
     name = "uniform"
 
-    def __init__(self, expected_stages: int = 4) -> None:
+    def __init__(self, expected_stages: int = 4, window: int = 1000) -> None:
         self.expected_stages = expected_stages
+        self._stages: deque[int] = deque(maxlen=window)
 
     def stage_share(self, program: Program, stage: int) -> float:
-        return min(1.0, (stage + 1) / max(self.expected_stages, stage + 1))
+        longer = [n for n in self._stages if n > stage]
+        expected: float
+        if not self._stages:
+            expected = max(self.expected_stages, stage + 1)
+        elif not longer:
+            return 1.0
+        else:
+            expected = sum(longer) / len(longer)
+        return min(1.0, (stage + 1) / expected)
 
     def observe_program(self, program: Program, stage_seconds: list[float]) -> None:
-        self.expected_stages = max(self.expected_stages, len(stage_seconds))
+        self._stages.append(len(stage_seconds))
 
 
 class ExactStageShare(StageShareEstimator):

@@ -41,9 +41,11 @@ from jitserve.scheduling.grouping import admit_feasible, choose_group
 from jitserve.scheduling.preemption import choose_victims
 from jitserve.scheduling.priorities import (
     MIN_TIME_S,
+    Scores,
     Speeds,
     fair_claims,
     latency_tokens_reachable,
+    normal_quantile,
     score,
 )
 
@@ -52,8 +54,8 @@ __all__ = ["GMAX", "latency_tokens_reachable"]
 OUTSIDE_GROUP = 1e13
 """Queue keys: members of the chosen group are keyed by their start order (below
 ``OUTSIDE_GROUP / 2``); everyone else by ``OUTSIDE_GROUP - priority``, so after them."""
-FAIR_SCALE = 2.0
-"""Fair claims (1/2 at the entitlement) are scaled by this x the median priority."""
+FAIR_TIE = 0.01
+"""Weight of the goodput priority inside the fair-share term (orders a tenant's requests)."""
 
 
 class GMAX(QueuedPolicy):
@@ -65,8 +67,8 @@ class GMAX(QueuedPolicy):
         self._seed = seed
         self._median_priority = 1.0
         self._speeds = Speeds()
-        self._service: dict[str, float] = defaultdict(float)
-        self._seen_generated: dict[LiveRequest, int] = {}
+        self._earned: dict[str, float] = defaultdict(float)
+        """Goodput tokens each tenant earned, decayed over ``fairness.windowSeconds``."""
         # policy-private per-request values (never written into the request)
         self._priority: dict[LiveRequest, float] = {}
         self._frames_waited: dict[LiveRequest, int] = {}
@@ -76,6 +78,8 @@ class GMAX(QueuedPolicy):
         self._last_frame_s: float | None = None
         self._threshold = -math.inf
         """Priority an arrival needs to join the current group (cutoff x B-th best)."""
+        self._frontier = -math.inf
+        """Under overload, the most valuable member the last frame displaced."""
         self._claims: dict[str, float] = {}
         self._fair_scale = 0.0
         self._sequence = _Sequence()
@@ -95,6 +99,7 @@ class GMAX(QueuedPolicy):
             self.tuner.reconfigure(s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames)
         self.auto_cutoff = s.cutoff.mode is CutoffMode.AUTO
         self.cutoff = self.tuner.value if self.auto_cutoff else s.cutoff.value
+        self._speeds.z_q = normal_quantile(s.length_quantile)
         mechanisms = s.mechanisms
         self.fair_weight = spec.fairness.weight if mechanisms.fairness else 0.0
 
@@ -104,9 +109,19 @@ class GMAX(QueuedPolicy):
             [r], now_s, self._speeds, self.spec, self._frames_waited, self._demoted,
             self._median_priority,
         )
-        p = self._priority[r] = self._blend(r, float(scores.priority[0]))
-        in_group = p >= self._threshold
-        key = self._sequence.key_of(r, float(scores.latest_start[0]), p) if in_group else 0.0
+        p = self._priority[r] = self._blend(
+            r, float(scores.priority[0]), bool(scores.gain[0] <= 0)
+        )
+        latest_start = float(scores.latest_start[0])
+        # joins the group if it would have made the cut and can still start in time
+        late = latest_start < now_s and self.spec.scheduler.mechanisms.latest_start_sequencing
+        in_group = p >= self._threshold and p > self._frontier and not late
+        order = self._start_order(scores, np.array([p]))
+        key = (
+            self._sequence.key_of(r, float(order[0]), bool(scores.gain[0] <= 0))
+            if in_group
+            else 0.0
+        )
         self.queue.push(r, self._key(p, key, in_group))
 
     def priority_of(self, r: LiveRequest) -> float:
@@ -125,11 +140,10 @@ class GMAX(QueuedPolicy):
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         assert self.tuner is not None
         self.tuner.earned(goodput_tokens)
-        self._account_service(r)
+        self._earned[r.req.tenant] += goodput_tokens
         self._forget(r)
 
     def _forget(self, r: LiveRequest) -> None:
-        self._seen_generated.pop(r, None)
         self._priority.pop(r, None)
         self._frames_waited.pop(r, None)
         self._demoted.discard(r)
@@ -138,22 +152,16 @@ class GMAX(QueuedPolicy):
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.cutoff, "median_priority": self._median_priority}
 
-    def _account_service(self, r: LiveRequest) -> None:
-        seen = self._seen_generated.get(r, 0)
-        if r.generated > seen:
-            self._service[r.req.tenant] += r.generated - seen
-            self._seen_generated[r] = r.generated
-
     @staticmethod
     def _key(priority: float, start_key: float, in_group: bool) -> float:
         return min(start_key, OUTSIDE_GROUP / 2) if in_group else OUTSIDE_GROUP - priority
 
-    def _blend(self, r: LiveRequest, priority: float) -> float:
+    def _blend(self, r: LiveRequest, priority: float, hopeless: bool) -> float:
         f = self.fair_weight
         if f <= 0:
             return priority
-        claim = self._claims.get(r.req.tenant, 1.0)
-        return (1 - f) * priority + f * self._fair_scale * claim
+        claim = 0.0 if hopeless else self._claims.get(r.req.tenant, 1.0)
+        return (1 - f) * priority + f * (self._fair_scale * claim + FAIR_TIE * priority)
 
     # ---- the frame -------------------------------------------------------------------
     def frame(self, view: EngineView) -> FramePlan:
@@ -163,7 +171,8 @@ class GMAX(QueuedPolicy):
         speeds.prefill_s = view.prefill_s_per_token
         speeds.token_s = view.token_s or view.prefill_s_per_token
         speeds.batch = view.max_running
-        self._decay_service(now)
+        speeds.slots_bind = len(view.running) + self.queue.__len__() > view.max_running
+        self._decay_earned(now)
         if self.auto_cutoff and self.spec.scheduler.mechanisms.cutoff:
             assert self.tuner is not None
             self.tuner.on_frame(now)
@@ -173,8 +182,6 @@ class GMAX(QueuedPolicy):
         for r in waiting:
             self._frames_waited[r] = self._frames_waited.get(r, 0) + 1
         running = list(view.running)
-        for r in running:
-            self._account_service(r)
         live = running + waiting
         self._planned = set()
         if not live:
@@ -185,7 +192,8 @@ class GMAX(QueuedPolicy):
             self._median_priority,
         )
         self._median_priority = scores.median
-        priority = self._blended(live, scores.priority)
+        hopeless = scores.gain <= 0
+        priority = self._blended(live, scores.priority, hopeless)
         for r, p in zip(live, priority, strict=True):
             self._priority[r] = float(p)
         mechanisms = self.spec.scheduler.mechanisms
@@ -198,14 +206,15 @@ class GMAX(QueuedPolicy):
             mechanisms.length_window,
         )
         first = len(running)
+        self._frontier = -math.inf
         start_key = self._sequence.build(
-            live, first, chosen, priority, scores.latest_start, self._claims,
-            self.fair_weight, mechanisms.latest_start_sequencing,
+            live, first, chosen, self._start_order(scores, priority), hopeless, self._claims,
+            self.fair_weight,
         )
         if mechanisms.latest_start_sequencing:
-            admit_feasible(
-                live, first, priority, start_key, scores.latest_start, chosen, now,
-                speeds.prefill_s,
+            self._frontier = admit_feasible(
+                live, first, priority, start_key, scores.latest_start, scores.work_s,
+                scores.due_s, chosen, now, speeds.prefill_s, speeds.decode_s, speeds.token_s,
             )
         self._planned = {r for i, r in enumerate(waiting) if chosen[first + i]}
         self.queue.rebuild(
@@ -216,20 +225,33 @@ class GMAX(QueuedPolicy):
             self._preempt(view, running, waiting, chosen, plan)
         return plan
 
-    def _blended(
-        self, live: list[LiveRequest], priority: npt.NDArray[np.float64]
+    def _start_order(
+        self, scores: Scores, priority: npt.NDArray[np.float64]
     ) -> npt.NDArray[np.float64]:
-        """Priority with the fair-share claims blended in (f > 0), in goodput units."""
+        """Start order of group members, lower first: by latest start, or (sequencing
+        off) by priority."""
+        if not self.spec.scheduler.mechanisms.latest_start_sequencing:
+            return -priority
+        return scores.latest_start
+
+    def _blended(
+        self,
+        live: list[LiveRequest],
+        priority: npt.NDArray[np.float64],
+        hopeless: npt.NDArray[np.bool_],
+    ) -> npt.NDArray[np.float64]:
+        """Priority with the fair-share claims blended in (f > 0), in goodput units: a
+        claim is scaled by the top priority, so at f = 1 the tenants' claims decide and
+        priority only orders requests inside a tenant. A request that can earn nothing
+        gets no claim: fairness shares goodput, and it has none to give."""
         f = self.fair_weight
         if f <= 0:
             self._claims = {}
             return priority
-        self._claims = fair_claims(
-            [r.req.tenant for r in live], self._service, self.spec.fairness
-        )
-        self._fair_scale = FAIR_SCALE * self._median_priority
-        claims = np.array([self._claims[r.req.tenant] for r in live])
-        return (1 - f) * priority + f * self._fair_scale * claims
+        self._claims = fair_claims([r.req.tenant for r in live], self._earned, self.spec.fairness)
+        self._fair_scale = float(priority.max()) if priority.size else 0.0
+        claims = np.array([self._claims[r.req.tenant] for r in live]) * ~hopeless
+        return (1 - f) * priority + f * (self._fair_scale * claims + FAIR_TIE * priority)
 
     def _preempt(
         self,
@@ -262,42 +284,39 @@ class GMAX(QueuedPolicy):
             )
         )
 
-    def _decay_service(self, now: float) -> None:
+    def _decay_earned(self, now: float) -> None:
         if self._last_frame_s is not None:
             decay = math.exp(-(now - self._last_frame_s) / self.spec.fairness.window_seconds)
-            for t in self._service:
-                self._service[t] *= decay
+            for t in self._earned:
+                self._earned[t] *= decay
         self._last_frame_s = now
 
 
 class _Sequence:
-    """The start order of the group's waiting members: latest start first, blended with
-    the tenants' fair-share order when ``f > 0``; kept between frames so that an arrival
-    gets a key on the same scale."""
+    """The start order of the group's waiting members (lower first), blended with the
+    tenants' fair-share order when ``f > 0``; kept between frames so that an arrival gets
+    a key on the same scale."""
 
     def __init__(self) -> None:
-        self._latest_starts: list[float] = []
+        self._bases: list[float] = []
         self._tenant_pos: dict[str, float] = {}
         self._f = 0.0
-        self._by_latest_start = True
 
     def build(
         self,
         live: list[LiveRequest],
         first: int,
         chosen: npt.NDArray[np.bool_],
-        priority: npt.NDArray[np.float64],
-        latest_start: npt.NDArray[np.float64],
+        base: npt.NDArray[np.float64],
+        hopeless: npt.NDArray[np.bool_],
         claims: dict[str, float],
         f: float,
-        by_latest_start: bool,
     ) -> npt.NDArray[np.float64]:
-        self._f, self._by_latest_start = f, by_latest_start
-        base = latest_start if by_latest_start else -priority
+        self._f = f
         if f <= 0:
             return base
         members = np.flatnonzero(chosen[first:]) + first
-        self._latest_starts = sorted(float(base[i]) for i in members)
+        self._bases = sorted(float(base[i]) for i in members)
         counts: dict[str, int] = defaultdict(int)
         for i in members:
             counts[live[i].req.tenant] += 1
@@ -309,16 +328,14 @@ class _Sequence:
             ahead += counts[tenant]
         keys = np.array(base, dtype=np.float64)
         for i in members:
-            keys[i] = self._blend(live[i].req.tenant, float(base[i]))
+            keys[i] = self.key_of(live[i], float(base[i]), bool(hopeless[i]))
         return keys
 
-    def key_of(self, r: LiveRequest, latest_start: float, priority: float) -> float:
-        """The key of an arrival, against the last frame's orders."""
-        base = latest_start if self._by_latest_start else -priority
-        return base if self._f <= 0 else self._blend(r.req.tenant, base)
-
-    def _blend(self, tenant: str, base: float) -> float:
-        n = max(len(self._latest_starts), 1)
-        pos = bisect.bisect_left(self._latest_starts, base) / n
-        tenant_pos = self._tenant_pos.get(tenant, 0.0)
+    def key_of(self, r: LiveRequest, base: float, hopeless: bool = False) -> float:
+        """The key of a request whose own start order value is ``base``; one that can earn
+        nothing has no claim on its tenant's share and goes after the tenants' turns."""
+        if self._f <= 0:
+            return base
+        pos = bisect.bisect_left(self._bases, base) / max(len(self._bases), 1)
+        tenant_pos = 1.0 if hopeless else self._tenant_pos.get(r.req.tenant, 0.0)
         return (1 - self._f) * pos + self._f * tenant_pos + 1e-9 * pos

@@ -23,6 +23,9 @@ from jitserve.requests import LiveRequest
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+VALUE_BUCKETS = 8
+"""Values within a factor e^(1/8) (~13%) count as equal when choosing whom to displace;
+among equals the member with more work goes (more requests then meet their SLO)."""
 
 
 def choose_group(
@@ -64,39 +67,84 @@ def choose_group(
 def admit_feasible(
     live: list[LiveRequest],
     n_running: int,
-    priority: FloatArray,
+    value: FloatArray,
     start_key: FloatArray,
     latest_start: FloatArray,
+    work_s: FloatArray,
+    due_s: FloatArray,
     chosen: BoolArray,
     now_s: float,
     prefill_s: float,
-) -> None:
-    """Drop from ``chosen`` the waiting members that would start after their latest
-    start (seed 003: urgency must not cascade), walking members in ``start_key`` order
-    and displacing lower-priority members ahead when that makes one feasible."""
+    decode_s: float,
+    token_s: float,
+) -> float:
+    """Drop from ``chosen`` the waiting members that cannot meet their SLO in the start
+    order ``start_key`` (seed 003: urgency must not cascade; overload is detected, then
+    the scheduler turns value-based).
+
+    Walking the waiting members in start order, member k is feasible when (1) the
+    prompts queued ahead of it (running prefills first) are done by its latest start,
+    and (2) the engine time of everything ahead of it plus its own is done by its due
+    time (running requests count what they can decode by then, one token per step).
+    When k is not, accepted members ahead of it with less value per unit of engine time
+    (then: more work) are displaced while that makes k feasible (weighted
+    Moore-Hodgson); otherwise k leaves the group. O(N log N).
+
+    Returns the highest value among the displaced members (-inf if none): under overload,
+    an arrival worth no more than that would be displaced too."""
+    running_work = np.sort(work_s[:n_running])
+    running_prefix = np.concatenate([[0.0], np.cumsum(running_work)])
+    # a running request decodes one token per step: by time h it takes at most
+    # h / decode_s tokens of engine time, i.e. rate x h seconds of it
+    rate = token_s / max(decode_s, 1e-9)
+
+    def running_by(h: float) -> float:
+        if not math.isfinite(h):
+            return float(running_prefix[-1])
+        cap = rate * max(h, 0.0)
+        i = int(np.searchsorted(running_work, cap))
+        return float(running_prefix[i] + cap * (n_running - i))
+
     backlog = sum(r.prefill_target - r.prefilled for r in live[:n_running]) * prefill_s
     members = [i for i in range(n_running, len(live)) if chosen[i]]
     members.sort(key=lambda i: start_key[i])
-    accepted: list[tuple[float, int]] = []  # min-heap on priority
+    accepted: list[tuple[float, float, int]] = []  # min-heap: least value, then most work
+    queued_work = 0.0
+    frontier = -math.inf
+
+    def rank(j: int) -> tuple[float, float]:
+        return (math.floor(math.log(max(float(value[j]), 1e-30)) * VALUE_BUCKETS), -work_s[j])
 
     def size(j: int) -> float:
         return (live[j].prefill_target - live[j].prefilled) * prefill_s
 
     for i in members:
-        overflow = now_s + backlog - latest_start[i]
-        evicted: list[tuple[float, int]] = []
-        while overflow > 0 and accepted and accepted[0][0] < priority[i]:
-            p_j, j = heapq.heappop(accepted)
-            evicted.append((p_j, j))
-            overflow -= size(j)
+        late_start = now_s + backlog - latest_start[i]
+        late_finish = (
+            now_s + running_by(due_s[i] - now_s) + queued_work + work_s[i] - due_s[i]
+        )
+        evicted: list[tuple[float, float, int]] = []
+        mine = rank(i)
+        while (late_start > 0 or late_finish > 0) and accepted and accepted[0][:2] < mine:
+            entry = heapq.heappop(accepted)
+            j = entry[2]
+            evicted.append(entry)
+            late_start -= size(j)
             backlog -= size(j)
-        if overflow > 0:  # cannot be made feasible: undo the evictions, drop i
-            for p_j, j in evicted:
-                heapq.heappush(accepted, (p_j, j))
-                backlog += size(j)
+            late_finish -= work_s[j]
+            queued_work -= work_s[j]
+        if late_start > 0 or late_finish > 0:  # cannot be made feasible: undo, drop i
+            for entry in evicted:
+                heapq.heappush(accepted, entry)
+                backlog += size(entry[2])
+                queued_work += work_s[entry[2]]
             chosen[i] = False
             continue
-        for _, j in evicted:
-            chosen[j] = False
-        heapq.heappush(accepted, (float(priority[i]), i))
+        for entry in evicted:
+            chosen[entry[2]] = False
+            frontier = max(frontier, float(value[entry[2]]))
+        heapq.heappush(accepted, (*mine, i))
         backlog += size(i)
+        queued_work += work_s[i]
+    return frontier
+

@@ -48,6 +48,10 @@ class Speeds:
     token_s: float = 1e-4
     """Engine time per batched token (the marginal cost of one more token)."""
     batch: int = 256
+    slots_bind: bool = False
+    """More live requests than batch slots at the last frame."""
+    z_q: float = 1.645
+    """Standard normal quantile of the length bound's level q."""
 
 
 @dataclass(slots=True)
@@ -58,6 +62,12 @@ class Scores:
     """Latest start (s) that still earns the full gain; the group's sequencing key."""
     median: float
     """Median positive priority before aging (the scale of aging and fairness)."""
+    work_s: FloatArray
+    """Engine time the rest of the request takes at the measured per-token cost."""
+    due_s: FloatArray
+    """When its last token is due (deadline, stage sub-deadline, or latency timeline)."""
+    gain: FloatArray
+    """Expected goodput if started now (0: nothing left to earn)."""
 
 
 def latency_tokens_reachable(
@@ -86,6 +96,45 @@ def latency_tokens_reachable(
     return np.where(slope < 0, from_suffix, np.where(slope > 0, from_prefix, flat))
 
 
+def normal_cdf(z: FloatArray) -> FloatArray:
+    """Standard normal CDF (Abramowitz and Stegun 7.1.26, error < 1.5e-7)."""
+    x = np.abs(z) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
+def normal_quantile(q: float) -> float:
+    """Inverse standard normal CDF by bisection on :func:`normal_cdf` (called per config)."""
+    low, high = -8.0, 8.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if normal_cdf(np.array([mid]))[0] < q:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def p_within(
+    typical: FloatArray, bound: FloatArray, tokens: FloatArray, z_q: float
+) -> FloatArray:
+    """P(remaining output <= ``tokens``) when the remaining output is log-normal with
+    mean ``typical`` and q-quantile ``bound`` (the estimator's expected length and bound,
+    both what is left after the tokens generated). Equal mean and bound (exact lengths):
+    a step at ``typical``."""
+    gap = np.log(np.maximum(bound, 1.0)) - np.log(np.maximum(typical, 1.0))
+    disc = np.maximum(z_q * z_q - 2.0 * np.maximum(gap, 0.0), 0.0)
+    sigma = np.maximum(z_q - np.sqrt(disc), 1e-3)
+    mu = np.log(np.maximum(typical, 1.0)) - sigma * sigma / 2
+    with np.errstate(divide="ignore"):
+        z = (np.log(np.maximum(tokens, 1e-9)) - mu) / sigma
+    return np.where(tokens <= 0, 0.0, normal_cdf(z))
+
+
 def program_groups(rs: list[LiveRequest]) -> dict[LiveProgram, npt.NDArray[np.intp]]:
     groups: dict[LiveProgram, list[int]] = defaultdict(list)
     for i, r in enumerate(rs):
@@ -106,7 +155,8 @@ def score(
     """Priority and latest start of each of ``rs`` (see the module docstring)."""
     n = len(rs)
     if n == 0:
-        return Scores(np.zeros(0), np.zeros(0), median_hint)
+        empty = np.zeros(0)
+        return Scores(empty, empty, median_hint, empty, empty, empty)
     v, pf_s = speeds.decode_s, speeds.prefill_s
     generated = np.empty(n)
     remaining = np.empty(n)
@@ -122,7 +172,7 @@ def score(
         req = r.req
         g = r.generated
         generated[i] = g
-        remaining[i] = max(r.bound - g, 1)
+        remaining[i] = max(r.bound - g, 1)  # the bound: the q-quantile
         typical[i] = max((r.expected or r.bound) - g, 1)
         prefill_left[i] = r.prefill_target - r.prefilled
         prompt[i] = req.prompt_tokens
@@ -138,41 +188,55 @@ def score(
             deadline[i] = r.program.stage_deadline_abs_s
         else:
             deadline[i] = req.arrival_s + slo.deadline_s  # type: ignore[union-attr]
-    t_gen = np.maximum(prefill_left * pf_s + remaining * v, MIN_TIME_S)
     # Cost = share of engine time r will consume: with chunked prefill every prompt and
     # output token takes one unit of the iteration's token budget (token_s each); a
-    # decode token also holds one of B batch slots for a step (v / B).
-    cost = prefill_left * speeds.token_s + typical * max(speeds.token_s, v / speeds.batch)
-    programs = program_groups(rs)
-    for idx in programs.values():
-        t_gen[idx] = t_gen[idx].max()
-    t_rem = np.where(is_latency, 0.0, deadline - now_s)
+    # decode token also holds one of B batch slots for a step (v / B) while slots bind.
+    slot_s = v / speeds.batch if speeds.slots_bind else 0.0
+    cost = prefill_left * speeds.token_s + typical * max(speeds.token_s, slot_s)
+    work_s = (prefill_left + typical) * speeds.token_s
     penalty = spec.scheduler.soft_penalty
-    feasible = np.clip(np.where(t_rem > 0, t_rem / t_gen, 0.0), 0.0, 1.0) ** penalty
     tokens_objective = spec.objective is Objective.TOKENS
-    gain = (prompt + generated + typical if tokens_objective else np.ones(n)) * feasible
+    value = prompt + generated + typical if tokens_objective else np.ones(n)
+    lat = np.flatnonzero(is_latency)
+
+    def gain_if_started_in(delay_s: float) -> FloatArray:
+        """Expected goodput if r started ``delay_s`` from now: the chance of finishing in
+        time (decode steps left after the prefill, against the remaining length's
+        distribution) x its tokens; latency: the tokens that would be on time."""
+        steps = (deadline - now_s - delay_s - prefill_left * pf_s) / v
+        gain = value * p_within(typical, remaining, steps, speeds.z_q) ** penalty
+        if lat.size:
+            start = now_s + delay_s + prefill_left[lat] * pf_s
+            ontime = latency_tokens_reachable(
+                generated[lat], typical[lat], start, v, due0[lat], tbt[lat]
+            )
+            gain[lat] = ontime if tokens_objective else (ontime >= typical[lat])
+        return gain
+
+    gain = gain_if_started_in(0.0)
     latest_start = deadline - (prefill_left * pf_s + typical * v)
-    if is_latency.any():
-        idx = np.flatnonzero(is_latency)
-        start = now_s + prefill_left[idx] * pf_s
-        ontime = latency_tokens_reachable(
-            generated[idx], typical[idx], start, v, due0[idx], tbt[idx]
-        )
-        gain[idx] = ontime if tokens_objective else (ontime >= typical[idx])
-        latest_start[idx] = due0[idx] + generated[idx] * tbt[idx] - (prefill_left[idx] + 1) * pf_s
+    due = deadline.copy()
+    if lat.size:
+        latest_start[lat] = due0[lat] + generated[lat] * tbt[lat] - (prefill_left[lat] + 1) * pf_s
+        due[lat] = due0[lat] + (generated[lat] + typical[lat] - 1) * tbt[lat]
     demoted_mask = ~np.isfinite(deadline) & ~is_latency
     gain[demoted_mask] = DEMOTED_GAIN * (prompt[demoted_mask] + typical[demoted_mask])
-    for idx in programs.values():
-        # One priority per compound stage: the stage's gain over the stage's cost.
-        gain[idx] = gain[idx].sum() / idx.size
+    for lp, idx in program_groups(rs).items():
+        # One priority per compound stage: the stage's gain over the stage's cost, the
+        # gain being the program's: what the stages done so far cost is sunk, so finishing
+        # a program that is a share phi(s-1) done earns 1 / (1 - phi(s-1)) times more per
+        # unit of the engine time still to spend.
+        sunk = 1.0 / max(1.0 - lp.prev_stage_share, 0.05)
+        gain[idx] = gain[idx].sum() / idx.size * sunk
         cost[idx] = cost[idx].sum() / idx.size
         latest_start[idx] = latest_start[idx].min()
-    priority = gain / np.maximum(cost, 1e-9)
+    cost = np.maximum(cost, 1e-9)
+    priority = gain / cost
     positive = priority[priority > 0]
     median = float(np.median(positive)) if positive.size else median_hint
     if spec.scheduler.mechanisms.aging:
         priority += spec.scheduler.delta * median * waited
-    return Scores(priority, latest_start, median)
+    return Scores(priority, latest_start, median, work_s, due, gain)
 
 
 def fair_claims(
