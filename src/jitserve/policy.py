@@ -222,6 +222,14 @@ class MechanismSettings(_Model):
             " under their -ac names."
         ),
     )
+    prefill_pacing: bool = Field(
+        default=True,
+        description=(
+            "Start new prompts no faster than the running requests' SLOs allow (keep the"
+            " step time under their per-token need); off = start whatever fits the engine's"
+            " token budget."
+        ),
+    )
     latest_start_sequencing: bool = Field(
         default=True,
         description=(

@@ -58,6 +58,7 @@ ABLATIONS: dict[str, str] = {
     "fairness": "fairness",
     "aging": "aging",
     "overload": "overload_control",
+    "pacing": "prefill_pacing",
     "sequencing": "latest_start_sequencing",
 }
 """``gmax-no-<key>`` switches off mechanism ``<value>``."""

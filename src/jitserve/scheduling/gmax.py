@@ -38,6 +38,7 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, FramePlan, QueuedPolicy
 from jitserve.scheduling.cutoff import CutoffTuner
 from jitserve.scheduling.grouping import admit_feasible, choose_group
+from jitserve.scheduling.pacing import PrefillPacer
 from jitserve.scheduling.preemption import choose_victims
 from jitserve.scheduling.priorities import (
     MIN_TIME_S,
@@ -83,6 +84,8 @@ class GMAX(QueuedPolicy):
         self._claims: dict[str, float] = {}
         self._fair_scale = 0.0
         self._sequence = _Sequence()
+        self._pacer = PrefillPacer()
+        self._running: set[LiveRequest] = set()
         self.spec = spec or SLOPolicySpec()
         self.configure(self.spec)
 
@@ -105,6 +108,7 @@ class GMAX(QueuedPolicy):
 
     # ---- queue ------------------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
+        self._running.discard(r)  # preempted requests come back here
         scores = score(
             [r], now_s, self._speeds, self.spec, self._frames_waited, self._demoted,
             self._median_priority,
@@ -123,6 +127,20 @@ class GMAX(QueuedPolicy):
             else 0.0
         )
         self.queue.push(r, self._key(p, key, in_group))
+
+    def peek_next(self, now_s: float) -> LiveRequest | None:
+        r = self.queue.peek()
+        if r is None or not self._running or not self.spec.scheduler.mechanisms.prefill_pacing:
+            return r
+        return r if self._pacer.allows(now_s, r.prefill_target - r.prefilled) else None
+
+    def pop_next(self, now_s: float) -> LiveRequest | None:
+        r = self.peek_next(now_s)
+        if r is not None:
+            self.queue.pop()
+            self._running.add(r)
+            self._pacer.started(r.prefill_target - r.prefilled)
+        return r
 
     def priority_of(self, r: LiveRequest) -> float:
         return self._priority.get(r, 0.0)
@@ -148,6 +166,7 @@ class GMAX(QueuedPolicy):
         self._frames_waited.pop(r, None)
         self._demoted.discard(r)
         self._planned.discard(r)
+        self._running.discard(r)
 
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.cutoff, "median_priority": self._median_priority}
@@ -182,6 +201,7 @@ class GMAX(QueuedPolicy):
         for r in waiting:
             self._frames_waited[r] = self._frames_waited.get(r, 0) + 1
         running = list(view.running)
+        self._running = set(running)
         live = running + waiting
         self._planned = set()
         if not live:
@@ -192,6 +212,13 @@ class GMAX(QueuedPolicy):
             self._median_priority,
         )
         self._median_priority = scores.median
+        n_run = len(running)
+        self._pacer.on_frame(
+            now,
+            scores.need_s[:n_run][scores.gain[:n_run] > 0],
+            view.decode_step_s,
+            speeds.token_s * n_run,
+        )
         hopeless = scores.gain <= 0
         priority = self._blended(live, scores.priority, hopeless)
         for r, p in zip(live, priority, strict=True):
@@ -216,13 +243,12 @@ class GMAX(QueuedPolicy):
                 live, first, priority, start_key, scores.latest_start, scores.work_s,
                 scores.due_s, chosen, now, speeds.prefill_s, speeds.decode_s, speeds.token_s,
             )
-        self._planned = {r for i, r in enumerate(waiting) if chosen[first + i]}
-        self.queue.rebuild(
-            (self._key(self._priority[r], float(start_key[first + i]), chosen[first + i]), r)
-            for i, r in enumerate(waiting)
-        )
+        in_group = chosen.tolist()
+        keys = np.where(chosen, np.minimum(start_key, OUTSIDE_GROUP / 2), OUTSIDE_GROUP - priority)
+        self._planned = {r for r, c in zip(waiting, in_group[first:], strict=True) if c}
+        self.queue.rebuild(zip(keys[first:].tolist(), waiting, strict=True))
         if mechanisms.preemption and self.spec.scheduler.preemption.enabled:
-            self._preempt(view, running, waiting, chosen, plan)
+            self._preempt(view, running, waiting, in_group, plan)
         return plan
 
     def _start_order(
@@ -258,18 +284,17 @@ class GMAX(QueuedPolicy):
         view: EngineView,
         running: list[LiveRequest],
         waiting: list[LiveRequest],
-        chosen: npt.NDArray[np.bool_],
+        in_group: list[bool],
         plan: FramePlan,
     ) -> None:
         free = view.max_running - len(running)
-        challengers = sorted(
-            (r for i, r in enumerate(waiting) if chosen[len(running) + i]),
-            key=lambda r: -self._priority[r],
-        )[max(free, 0) :]
-        if not challengers:
+        members = [r for r, c in zip(waiting, in_group[len(running) :], strict=True) if c]
+        if len(members) <= max(free, 0):
             return
+        challengers = sorted(members, key=lambda r: -self._priority[r])[max(free, 0) :]
         victims = sorted(
-            (r for i, r in enumerate(running) if not chosen[i]), key=lambda r: self._priority[r]
+            (r for r, c in zip(running, in_group, strict=False) if not c),
+            key=lambda r: self._priority[r],
         )
         speeds = self._speeds
         plan.preempt.extend(

@@ -68,6 +68,9 @@ class Scores:
     """When its last token is due (deadline, stage sub-deadline, or latency timeline)."""
     gain: FloatArray
     """Expected goodput if started now (0: nothing left to earn)."""
+    need_s: FloatArray
+    """Per-token time r needs from now on: its TBT (latency) or time left over typical
+    tokens left (others); infinite when demoted."""
 
 
 def latency_tokens_reachable(
@@ -156,7 +159,7 @@ def score(
     n = len(rs)
     if n == 0:
         empty = np.zeros(0)
-        return Scores(empty, empty, median_hint, empty, empty, empty)
+        return Scores(empty, empty, median_hint, empty, empty, empty, empty)
     v, pf_s = speeds.decode_s, speeds.prefill_s
     generated = np.empty(n)
     remaining = np.empty(n)
@@ -233,10 +236,14 @@ def score(
     cost = np.maximum(cost, 1e-9)
     priority = gain / cost
     positive = priority[priority > 0]
-    median = float(np.median(positive)) if positive.size else median_hint
+    # one arrival scored alone keeps the frame's median (the scale of aging)
+    median = float(np.median(positive)) if n > 1 and positive.size else median_hint
     if spec.scheduler.mechanisms.aging:
         priority += spec.scheduler.delta * median * waited
-    return Scores(priority, latest_start, median, work_s, due, gain)
+    need = (deadline - now_s - prefill_left * pf_s) / typical
+    if lat.size:
+        need[lat] = tbt[lat]
+    return Scores(priority, latest_start, median, work_s, due, gain, need)
 
 
 def fair_claims(
