@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 DECREASE = 0.5
-INCREASE = 1.25
+INCREASE = 1.5
 TAU_QUANTILE = 0.1
 """The need protected: a low quantile of the running requests' per-token needs, so one
 outlier does not stop admissions."""
