@@ -73,7 +73,7 @@ def test_preemption_off_never_preempts() -> None:
     for on in (True, False):
         gmax = GMAX(spec(preemption=on))
         gmax.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
-        victim = live("victim", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
+        victim = live("victim", prompt=10, output=1000, slo=DeadlineSLO(10), running=True)
         assert bool(gmax.frame(view([victim], batch=1)).preempt) is on
 
 

@@ -161,21 +161,23 @@ def test_gmax_cutoff_and_window_pick_homogeneous_group() -> None:
     assert chosen.sum() == 2 and chosen[0] and chosen[2]
 
 
-def test_gmax_preempts_only_when_gain_exceeds_cost() -> None:
-    victim = live("victim", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
-    challenger = live("challenger", prompt=10, output=20, slo=DeadlineSLO(5))
-    gmax = GMAX(fixed())
-    gmax.enqueue(challenger, 0.0)
-    plan = gmax.frame(view([victim], batch=1))
-    assert plan.preempt == [victim]
-    # a huge context makes the recompute stall too expensive
-    big = live("big", prompt=100000, output=1000, slo=DeadlineSLO(10000), running=True)
-    gmax = GMAX(fixed())
-    gmax.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
-    assert gmax.frame(view([big], batch=1)).preempt == []
-    off = GMAX(fixed(preemption={"enabled": False}))
-    off.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
-    assert off.frame(view([live("v", output=1000, running=True)], batch=1)).preempt == []
+def test_gmax_preempts_only_lost_requests_and_only_when_it_pays() -> None:
+    def plan_for(victim: LiveRequest, **preemption: object) -> list[LiveRequest]:
+        gmax = GMAX(fixed(preemption=preemption) if preemption else fixed())
+        gmax.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
+        return gmax.frame(view([victim], batch=1)).preempt
+
+    # 1000 tokens at 30 ms cannot finish within 10 s: it can earn nothing more
+    lost = live("lost", prompt=10, output=1000, slo=DeadlineSLO(10), running=True)
+    assert plan_for(lost) == [lost]
+    # one that can still finish keeps its slot, however much better the challenger is
+    fine = live("fine", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
+    assert plan_for(fine) == []
+    # recomputing a huge context costs more than a frame of the challenger earns
+    big = live("big", prompt=100000, output=1000, slo=DeadlineSLO(10), running=True)
+    assert plan_for(big) == []
+    assert plan_for(lost, costFactor=100.0) == []
+    assert plan_for(lost, enabled=False) == []
 
 
 def test_gmax_retires_overdue_and_unreachable_requests() -> None:

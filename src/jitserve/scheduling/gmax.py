@@ -248,7 +248,8 @@ class GMAX(QueuedPolicy):
         self._planned = {r for r, c in zip(waiting, in_group[first:], strict=True) if c}
         self.queue.rebuild(zip(keys[first:].tolist(), waiting, strict=True))
         if mechanisms.preemption and self.spec.scheduler.preemption.enabled:
-            self._preempt(view, running, waiting, in_group, plan)
+            lost = {r for r, h in zip(running, hopeless[:first].tolist(), strict=True) if h}
+            self._preempt(view, running, waiting, in_group, lost, plan)
         return plan
 
     def _start_order(
@@ -285,15 +286,21 @@ class GMAX(QueuedPolicy):
         running: list[LiveRequest],
         waiting: list[LiveRequest],
         in_group: list[bool],
+        lost: set[LiveRequest],
         plan: FramePlan,
     ) -> None:
+        """Correct scheduling errors: a running request outside the group that can no
+        longer earn goodput gives its slot to a waiting group member, when it pays. A
+        running request that still can is left alone: swapping it out puts its own
+        deadline (and, for a compound call, its whole program's) at risk, which the
+        per-frame gain does not see."""
         free = view.max_running - len(running)
         members = [r for r, c in zip(waiting, in_group[len(running) :], strict=True) if c]
         if len(members) <= max(free, 0):
             return
         challengers = sorted(members, key=lambda r: -self._priority[r])[max(free, 0) :]
         victims = sorted(
-            (r for r, c in zip(running, in_group, strict=False) if not c),
+            (r for r, c in zip(running, in_group, strict=False) if not c and r in lost),
             key=lambda r: self._priority[r],
         )
         speeds = self._speeds
@@ -303,7 +310,7 @@ class GMAX(QueuedPolicy):
                 victims,
                 self._priority,
                 self.spec.scheduler.preemption,
-                self.frame_steps * speeds.decode_s,
+                self.frame_steps * speeds.decode_s / max(len(running), 1),
                 speeds.token_s,
                 max(len(running), 1) / speeds.decode_s,
             )
