@@ -168,7 +168,7 @@ def test_gmax_preempts_only_lost_requests_and_only_when_it_pays() -> None:
         return gmax.frame(view([victim], batch=1)).preempt
 
     # 1000 tokens at 30 ms cannot finish within 10 s: it can earn nothing more
-    lost = live("lost", prompt=10, output=1000, slo=DeadlineSLO(10), running=True)
+    lost = live("lost", prompt=3000, output=1000, slo=DeadlineSLO(10), running=True)
     assert plan_for(lost) == [lost]
     # one that can still finish keeps its slot, however much better the challenger is
     fine = live("fine", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
