@@ -7,12 +7,13 @@ camelCase on the wire (YAML, JSON, the CRD), as Kubernetes API conventions ask.
 
 Sections: ``sloDefaults`` (per-kind defaults and named classes), ``objective``,
 ``scheduler`` (cutoff ``p``, frame, aging ``delta``, length quantile, refinement,
-preemption), ``fairness`` (weight ``f``, tenant weights), ``admission`` (waiting time,
-queue cap, overload action), ``limits`` (what one client may ask for: SLO values,
-program stages and lifetime, live programs), and the serving sections the operator reads
-(``model``, ``pod``, ``replicas``, ``ingress``, ``reporting``). Every field carries a
-description: the CRD's ``kubectl explain`` text is generated from them. The pod-level
-knobs (env from Secrets, scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`.
+preemption, ``mechanisms``: each GMAX mechanism on or off), ``fairness`` (weight ``f``,
+tenant weights), ``admission`` (waiting time, queue cap, overload action), ``limits``
+(what one client may ask for: SLO values, program stages and lifetime, live programs),
+and the serving sections the operator reads (``model``, ``pod``, ``replicas``,
+``ingress``, ``reporting``). Every field carries a description: the CRD's ``kubectl
+explain`` text is generated from them. The pod-level knobs (env from Secrets,
+scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`.
 """
 
 from __future__ import annotations
@@ -170,6 +171,75 @@ class PreemptionSettings(_Model):
     )
 
 
+class MechanismSettings(_Model):
+    """Switches for each GMAX mechanism, all on by default: turning one off is an ablation
+    (docs/scheduling.md measures each one's effect and the regime where it matters)."""
+
+    cutoff: bool = Field(
+        default=True,
+        description=(
+            "Keep only candidates with priority >= p x the B-th best before grouping; off ="
+            " every one of the top k x B candidates may join the group (as p = 0)."
+        ),
+    )
+    length_window: bool = Field(
+        default=True,
+        description=(
+            "Group candidates of similar input length (sliding window of size B over"
+            " candidates sorted by input length); off = the B best candidates by priority."
+        ),
+    )
+    preemption: bool = Field(
+        default=True,
+        description=(
+            "Swap out running requests outside the group when the gain beats the recompute"
+            " cost; off (or preemption.enabled false) = never preempt."
+        ),
+    )
+    refinement: bool = Field(
+        default=True,
+        description=(
+            "Refine each request's length bound every refineEvery generated tokens; off ="
+            " keep the bound given at arrival until the request outgrows it."
+        ),
+    )
+    fairness: bool = Field(
+        default=True,
+        description=(
+            "Blend each tenant's deficit against its weighted share into priority with"
+            " weight f (fairness.weight); off = f is ignored."
+        ),
+    )
+    aging: bool = Field(
+        default=True,
+        description="Raise priority by delta per frame waited (anti-starvation); off = no aging.",
+    )
+    overload_control: bool = Field(
+        default=True,
+        description=(
+            "Retire (or demote, admission.overloadAction) requests that waited past"
+            " admission.maxWaitingSeconds and are not planned soon, or whose deadline is out"
+            " of reach even at full speed; off = keep everything. Baselines get the same layer"
+            " under their -ac names."
+        ),
+    )
+    prefill_pacing: bool = Field(
+        default=True,
+        description=(
+            "Start new prompts no faster than the running requests' SLOs allow (keep the"
+            " step time under their per-token need); off = start whatever fits the engine's"
+            " token budget."
+        ),
+    )
+    latest_start_sequencing: bool = Field(
+        default=True,
+        description=(
+            "Start group members in latest-start order and drop from the group those that"
+            " would start too late to meet their SLO; off = start group members by priority."
+        ),
+    )
+
+
 class SchedulerSettings(_Model):
     """The GMAX scheduler's knobs."""
 
@@ -205,6 +275,10 @@ class SchedulerSettings(_Model):
     )
     preemption: PreemptionSettings = Field(
         default=PreemptionSettings(), description="When running requests may be preempted."
+    )
+    mechanisms: MechanismSettings = Field(
+        default=MechanismSettings(),
+        description="Each GMAX mechanism on or off (ablations); all on by default.",
     )
 
 

@@ -8,8 +8,10 @@ from jitserve.policy import SLOPolicySpec, load_policy
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF
-from jitserve.scheduling.estimators import MeanEstimator, OracleEstimator, QuantileEstimator
+from jitserve.scheduling.estimators import ExactEstimator, MeanEstimator, QuantileEstimator
 from jitserve.scheduling.gmax import GMAX, latency_tokens_reachable
+from jitserve.scheduling.grouping import choose_group
+from jitserve.scheduling.registry import make_policy
 from jitserve.slo import DeadlineSLO, LatencySLO
 
 from .conftest import live
@@ -117,7 +119,7 @@ def test_gmax_prefers_more_goodput_per_unit_of_work() -> None:
     gmax.frame(view([], batch=1))
     # deadline tokens count input and output; latency tokens only output: same cost, less goodput
     assert gmax.priority_of(cheap) > gmax.priority_of(latency)
-    # a request projected to miss its deadline is discounted by min(1, t_rem / t_gen)
+    # a request projected to miss its deadline is discounted by its chance of finishing
     assert gmax.priority_of(cheap) > gmax.priority_of(late)
     assert gmax.pop_next(0.0) is cheap
 
@@ -133,7 +135,7 @@ def test_gmax_group_is_sequenced_by_latest_start() -> None:
 
 
 def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     # each prompt takes 1 s to prefill (10k tokens at 1e-4 s); deadlines allow only one
     a = live("a", prompt=10000, output=1, slo=DeadlineSLO(1.5))
     b = live("b", prompt=10000, output=1, slo=DeadlineSLO(1.6))
@@ -150,35 +152,36 @@ def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
 
 def test_gmax_cutoff_and_window_pick_homogeneous_group() -> None:
     # four candidates pass p=0.5; the window of two with the highest priority sum wins
-    gmax = GMAX(fixed(0.5))
     rs = [live(f"r{i}", prompt=p, output=100) for i, p in enumerate([100, 110, 3000, 3100])]
     priority = np.array([1.0, 0.9, 1.0, 0.95])
-    chosen = gmax._group(rs, priority, batch=2)
+    chosen, threshold = choose_group(rs, priority, 2, 0.5, 4)
     assert [r.req.request_id for r, c in zip(rs, chosen, strict=True) if c] == ["r2", "r3"]
-    gmax_strict = GMAX(fixed(1.0))
-    chosen = gmax_strict._group(rs, priority, batch=2)
+    assert threshold == 0.5 * 1.0  # p x the B-th best
+    chosen, _ = choose_group(rs, priority, 2, 1.0, 4)
     assert chosen.sum() == 2 and chosen[0] and chosen[2]
 
 
-def test_gmax_preempts_only_when_gain_exceeds_cost() -> None:
-    victim = live("victim", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
-    challenger = live("challenger", prompt=10, output=20, slo=DeadlineSLO(5))
-    gmax = GMAX(fixed())
-    gmax.enqueue(challenger, 0.0)
-    plan = gmax.frame(view([victim], batch=1))
-    assert plan.preempt == [victim]
-    # a huge context makes the recompute stall too expensive
-    big = live("big", prompt=100000, output=1000, slo=DeadlineSLO(10000), running=True)
-    gmax = GMAX(fixed())
-    gmax.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
-    assert gmax.frame(view([big], batch=1)).preempt == []
-    off = GMAX(fixed(preemption={"enabled": False}))
-    off.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
-    assert off.frame(view([live("v", output=1000, running=True)], batch=1)).preempt == []
+def test_gmax_preempts_only_lost_requests_and_only_when_it_pays() -> None:
+    def plan_for(victim: LiveRequest, **preemption: object) -> list[LiveRequest]:
+        gmax = GMAX(fixed(preemption=preemption) if preemption else fixed())
+        gmax.enqueue(live("challenger", prompt=10, output=20, slo=DeadlineSLO(5)), 0.0)
+        return gmax.frame(view([victim], batch=1)).preempt
+
+    # 1000 tokens at 30 ms cannot finish within 10 s: it can earn nothing more
+    lost = live("lost", prompt=3000, output=1000, slo=DeadlineSLO(10), running=True)
+    assert plan_for(lost) == [lost]
+    # one that can still finish keeps its slot, however much better the challenger is
+    fine = live("fine", prompt=10, output=1000, slo=DeadlineSLO(10000), running=True)
+    assert plan_for(fine) == []
+    # recomputing a huge context costs more than a frame of the challenger earns
+    big = live("big", prompt=100000, output=1000, slo=DeadlineSLO(10), running=True)
+    assert plan_for(big) == []
+    assert plan_for(lost, costFactor=100.0) == []
+    assert plan_for(lost, enabled=False) == []
 
 
 def test_gmax_retires_overdue_and_unreachable_requests() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     # waited past maxWaitingSeconds (5 s) and left out of the group (B = 1): retired
     stale = live("stale", arrival=0.0, prompt=10, output=1000, slo=DeadlineSLO(100))
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
@@ -192,7 +195,7 @@ def test_gmax_retires_overdue_and_unreachable_requests() -> None:
 
 
 def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
-    gmax = GMAX(fixed())
+    gmax = make_policy(fixed(), name="gmax")
     patient = live("patient", arrival=0.0, slo=DeadlineSLO(100))
     gmax.enqueue(patient, 9.0)
     assert gmax.frame(view([], batch=8, now=10.0)).retire == []
@@ -200,31 +203,31 @@ def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
 
 
 def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
-    demote = GMAX(load_policy({"admission": {"overloadAction": "demote"}}))
+    demote = make_policy(load_policy({"admission": {"overloadAction": "demote"}}), name="gmax")
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     demote.enqueue(doomed, 9.0)
     assert demote.frame(view([], batch=8, now=10.0)).retire == []
     assert demote.pop_next(10.0) is doomed  # still served, as best effort
 
 
-def test_fairness_weight_lifts_the_starved_tenant() -> None:
-    def priorities(weight: float) -> tuple[float, float]:
+def test_fairness_weight_lifts_the_tenant_below_its_share() -> None:
+    def run(weight: float) -> tuple[float, float, str]:
         gmax = GMAX(load_policy({"fairness": {"weight": weight}}))
-        hog = live("hog-run", tenant="hog", output=500, running=True, generated=400)
-        gmax.frame(view([hog], batch=4))
-        hog.generated = 500  # the hog tenant received 500 tokens of service
-        gmax.frame(view([hog], batch=4, now=0.1))
+        gmax.on_finish(live("hog-done", tenant="hog"), 5000.0, 0.0)  # hog earned goodput
         mine = live("hog-new", tenant="hog", prompt=100, output=50)
         theirs = live("meek-new", tenant="meek", prompt=100, output=50, slo=LatencySLO(2.0, 0.1))
         gmax.enqueue(mine, 0.2)
         gmax.enqueue(theirs, 0.2)
-        gmax.frame(view([hog], batch=4, now=0.2))
-        return gmax.priority_of(mine), gmax.priority_of(theirs)
+        gmax.frame(view([], batch=4, now=0.2))
+        first = gmax.pop_next(0.2)
+        assert first is not None
+        return gmax.priority_of(mine), gmax.priority_of(theirs), first.req.request_id
 
-    hog, meek = priorities(0.0)
+    hog, meek, _ = run(0.0)
     assert hog > meek  # pure goodput: the deadline request earns input + output tokens
-    hog, meek = priorities(1.0)
-    assert meek > hog  # pure fair share: the tenant that got nothing comes first
+    hog, meek, first = run(1.0)
+    assert meek > hog  # pure fair share: the tenant below its share comes first
+    assert first == "meek-new"
 
 
 def test_auto_cutoff_explores_and_reports_p() -> None:
@@ -247,7 +250,7 @@ def test_estimators_refine_and_never_undercut_generated() -> None:
     assert q.bound(r, 0) / 500 > q.bound(r, 500) / 750  # relaxes toward the truth
     assert q.expected(r, 0) == 500.0  # mean of 1..1000 (rounded)
     assert q.expected(r, 800) == 900.0  # mean of 801..1000
-    assert OracleEstimator().bound(live("o", output=42).req, 10) == 42
+    assert ExactEstimator().bound(live("o", output=42).req, 10) == 42
     mean = MeanEstimator(prior_tokens=100)
     mean.observe(r, 300)
     assert mean.bound(r, 0) == 200

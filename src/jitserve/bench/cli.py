@@ -37,7 +37,7 @@ WORKLOAD_MIXES = {
     "deadline": (0.0, 1.0, 0.0),
     "compound": (0.0, 0.0, 1.0),
 }
-DEFAULT_POLICIES = "gmax,fcfs,sarathi,edf,lsf,sjf,plas,oracle"
+DEFAULT_POLICIES = "gmax,fcfs,sarathi,edf,lsf,sjf,plas,gmax-exact"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Scheduler micro-benchmark: wall time of one GMAX frame over N live requests."""
+"""Scheduler micro-benchmark: wall time of one GMAX frame (overload control included)
+over N live requests."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Phase, Request
 from jitserve.scheduling.base import EngineView
-from jitserve.scheduling.gmax import GMAX
+from jitserve.scheduling.registry import make_policy
 from jitserve.slo import DeadlineSLO, LatencySLO
 
 BATCH = 256
@@ -31,7 +32,7 @@ def live_requests(n: int, seed: int = 0) -> list[LiveRequest]:
 
 def time_frame(n: int, repeats: int = 20) -> float:
     """Median milliseconds of one frame with ``n`` live requests (256 of them running)."""
-    policy = GMAX(SLOPolicySpec())
+    policy = make_policy(SLOPolicySpec(), name="gmax")  # GMAX inside its overload control
     rs = live_requests(n)
     running = rs[:BATCH]
     for r in running:

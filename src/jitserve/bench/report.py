@@ -116,7 +116,7 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for policy in policies:
         xs = [x for x in loads if (policy, x) in by]
-        style = "-o" if policy.startswith("gmax") else ("--" if policy == "oracle" else ":s")
+        style = "-o" if policy.startswith("gmax") else ("--" if policy == "gmax-exact" else ":s")
         for ax, key in zip(axes, ("token_goodput", "request_goodput"), strict=True):
             ax.plot(xs, [by[(policy, x)][key] for x in xs], style, label=policy)
     axes[0].set(

@@ -18,12 +18,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
+from jitserve.scheduling.slack import latest_start_s
 
 
 @dataclass(slots=True)
@@ -113,6 +114,19 @@ class Policy(ABC):
         """Called at every frame boundary. Default: keep everything as it is."""
         return FramePlan()
 
+    def waiting_requests(self) -> list[LiveRequest]:
+        """The waiting requests, in no particular order (overload control reads them)."""
+        raise NotImplementedError(f"{type(self).__name__} does not list its waiting requests")
+
+    def planned(self, view: EngineView) -> Collection[LiveRequest]:
+        """Waiting requests this policy plans to start soon, as decided by its last
+        :meth:`frame`: overload control keeps them even past the waiting limit."""
+        return ()
+
+    def demote(self, r: LiveRequest) -> None:  # noqa: B027 - optional hook
+        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
+        demote``): serve it as best effort, after everything that still has an SLO."""
+
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:  # noqa: B027
         """``r`` left the engine (finished, retired or cancelled) having earned
         ``goodput_tokens``; the policy forgets what it kept about ``r``."""
@@ -162,6 +176,14 @@ class RankedQueue:
     def members(self) -> list[LiveRequest]:
         return list(self._live)
 
+    def head(self, n: int) -> list[LiveRequest]:
+        """The first ``n`` requests in queue order, O(N log n)."""
+        if n <= 0:
+            return []
+        live = self._live
+        current = (e for e in self._heap if live.get(e[2]) == e[1])
+        return [r for _, _, r in heapq.nsmallest(n, current)]
+
     def rebuild(self, keyed: Iterable[tuple[float, LiveRequest]]) -> None:
         self._live.clear()
         self._heap = []
@@ -196,6 +218,26 @@ class QueuedPolicy(Policy):
     def waiting(self) -> int:
         return len(self.queue)
 
+    def waiting_requests(self) -> list[LiveRequest]:
+        return self.queue.members()
+
+    def planned(self, view: EngineView) -> Collection[LiveRequest]:
+        """The head of the queue that fits the free batch slots and, prompts queued ahead
+        of it served first at the measured prefill rate, still starts in time."""
+        pf_s = view.prefill_s_per_token
+        decode_s = max(view.decode_step_s, 1e-3)
+        backlog_s = sum(r.prefill_target - r.prefilled for r in view.running) * pf_s
+        out = []
+        for r in self.queue.head(view.max_running - len(view.running)):
+            if view.now_s + backlog_s <= latest_start_s(r, pf_s, decode_s):
+                out.append(r)
+            backlog_s += (r.prefill_target - r.prefilled) * pf_s
+        return out
+
+
+DEMOTED_KEY = 1e15
+"""Added to a demoted request's sort key: best effort runs after everything with an SLO."""
+
 
 class KeyedPolicy(QueuedPolicy):
     """A policy defined by one sort key (lower = served first).
@@ -208,31 +250,53 @@ class KeyedPolicy(QueuedPolicy):
     preemptive = False
     max_preemptions = 8
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._demoted: set[LiveRequest] = set()
+        self._now_s = 0.0
+
     @abstractmethod
     def key(self, r: LiveRequest, now_s: float) -> float:
         """Sort key; lower runs first."""
 
+    def rank(self, r: LiveRequest, now_s: float) -> float:
+        """The key, after everything else once overload control demoted ``r``."""
+        return self.key(r, now_s) + (DEMOTED_KEY if r in self._demoted else 0.0)
+
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self.queue.push(r, self.key(r, now_s))
+        self._now_s = now_s
+        self.queue.push(r, self.rank(r, now_s))
 
     def priority_of(self, r: LiveRequest) -> float:
-        return -self.key(r, 0.0)
+        return -self.rank(r, self._now_s)
+
+    def demote(self, r: LiveRequest) -> None:
+        self._demoted.add(r)
+        if r in self.queue:
+            self.queue.push(r, self.rank(r, self._now_s))
+
+    def remove(self, r: LiveRequest) -> None:
+        super().remove(r)
+        self._demoted.discard(r)
+
+    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        self._demoted.discard(r)
 
     def frame(self, view: EngineView) -> FramePlan:
-        now = view.now_s
+        now = self._now_s = view.now_s
         if self.rekey_every_frame:
-            self.queue.rebuild((self.key(r, now), r) for r in self.queue.members())
+            self.queue.rebuild((self.rank(r, now), r) for r in self.queue.members())
         plan = FramePlan()
         if not self.preemptive or len(view.running) < view.max_running:
             return plan
         best_waiting = self.queue.peek_key()
         if best_waiting is None:
             return plan
-        worst_first = sorted(view.running, key=lambda r: self.key(r, now), reverse=True)
-        waiting_keys = sorted(self.key(r, now) for r in self.queue.members())[
+        worst_first = sorted(view.running, key=lambda r: self.rank(r, now), reverse=True)
+        waiting_keys = sorted(self.rank(r, now) for r in self.queue.members())[
             : self.max_preemptions
         ]
         for victim, challenger_key in zip(worst_first, waiting_keys, strict=False):
-            if challenger_key < self.key(victim, now):
+            if challenger_key < self.rank(victim, now):
                 plan.preempt.append(victim)
         return plan

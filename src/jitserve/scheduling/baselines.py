@@ -5,33 +5,27 @@ interface and the same engine as GMAX. Each is one sort key (lower runs first).
   (vLLM v0 batching), no preemption except under KV pressure.
 - ``sarathi``: Sarathi-Serve: FCFS with chunked prefill and decode-first batching.
 - ``edf``: earliest deadline first (latency requests: due time of their next token).
-- ``lsf``: least slack first: deadline minus predicted remaining work.
-- ``sjf``: shortest predicted remaining output first (LTR-like; predictions from the
-  engine's length estimator).
+- ``lsf``: least slack first: deadline minus predicted remaining work (prefill left and
+  the estimator's expected remaining output at the measured speeds).
+- ``sjf``: shortest predicted remaining output first (LTR-like; the estimator's expected
+  length).
 - ``plas``: Autellix's program-level least attained service, in 400-token quanta.
 
 EDF, LSF and PLAS re-rank at every frame and preempt when a waiting request outranks a
 running one, as vLLM's priority scheduling does; FCFS, Sarathi and SJF do not preempt.
+A length-aware baseline (LSF, SJF) reads the bounds the lifecycle's estimator wrote, the
+same estimator as the GMAX variant it is compared with (``jitserve.bench.variants``).
+Stock engines have no overload control; each baseline's ``-ac`` form adds the very layer
+GMAX runs in (:mod:`jitserve.scheduling.overload`).
 """
 
 from __future__ import annotations
 
 from jitserve.requests import LiveRequest
-from jitserve.scheduling.base import KeyedPolicy
-from jitserve.slo import LatencySLO
+from jitserve.scheduling.base import EngineView, FramePlan, KeyedPolicy
+from jitserve.scheduling.slack import latest_start_s, next_token_due_s, typical_remaining
 
-NOMINAL_DECODE_S = 0.03
-"""Per-token time LSF assumes when it converts remaining tokens into remaining work."""
-
-
-def next_token_due_s(r: LiveRequest) -> float:
-    """When the request's next token is due (latency) or its deadline (others)."""
-    slo = r.req.slo
-    if isinstance(slo, LatencySLO) and r.program is None:
-        return r.req.arrival_s + slo.ttft_s + r.generated * slo.tbt_s
-    if r.program is not None:
-        return r.program.deadline_abs_s
-    return r.deadline_abs_s
+__all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due_s"]
 
 
 class FCFS(KeyedPolicy):
@@ -57,21 +51,36 @@ class EDF(KeyedPolicy):
 
 
 class LSF(KeyedPolicy):
+    """Least slack first: slack = latest start - now, where the latest start leaves the
+    remaining prefill and the typical remaining decode at the measured speeds (the same
+    :func:`~jitserve.scheduling.slack.latest_start_s` GMAX sequences its group by)."""
+
     name = "lsf"
     rekey_every_frame = True
     preemptive = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._prefill_s = 1e-4
+        self._decode_s = 0.03
+
+    def frame(self, view: EngineView) -> FramePlan:
+        self._prefill_s = view.prefill_s_per_token
+        self._decode_s = max(view.decode_step_s, 1e-3)
+        return super().frame(view)
+
     def key(self, r: LiveRequest, now_s: float) -> float:
-        remaining = max(r.bound - r.generated, 1)
-        return next_token_due_s(r) - remaining * NOMINAL_DECODE_S
+        return latest_start_s(r, self._prefill_s, self._decode_s)
 
 
 class SJF(KeyedPolicy):
+    """Shortest predicted remaining output first (the estimator's expected length)."""
+
     name = "sjf"
     rekey_every_frame = True
 
     def key(self, r: LiveRequest, now_s: float) -> float:
-        return float(max(r.bound - r.generated, 1))
+        return typical_remaining(r)
 
 
 PLAS_QUANTUM_TOKENS = 400

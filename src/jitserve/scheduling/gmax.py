@@ -1,130 +1,62 @@
-"""GMAX: Grouped Margin Goodput Maximization (JITServe paper section 4.2).
+"""GMAX: Grouped Margin Goodput Maximization (JITServe paper section 4.2), the policy.
 
-For every live request r at a frame (DESIGN.md "GMAX scheduler"):
+At every frame (DESIGN.md "GMAX scheduler"), over all live requests:
 
-- ``len_rem`` = length bound - generated (the engine refines the bound every
-  ``refine_every`` tokens); ``t_gen = prefill_left * prefill_s + len_rem * v_token``;
-- ``t_rem`` = time to the deadline (compound: to the stage sub-deadline phi(s) * D);
-  latency requests' timeline is fixed by their TBT, so we count the tokens that can
-  still be on time instead;
-- ``goodput`` = what completing r is worth under the objective, discounted softly when
-  r is projected late: ``gain * min(1, t_rem / t_gen) ** penalty``;
-- ``priority = goodput / t_gen`` plus ``delta`` x median priority per frame waited;
-  members of one compound stage share one priority (sum of gains / max t_gen);
-- fairness: ``(1 - f) * priority / max_priority + f * Fair(tenant)``;
-- group: keep the top ``k * B`` with priority >= ``p`` x the B-th best, sort by input
-  length, take the size-B window with the largest priority sum;
-- preempt a running request outside the group only when the priority gained over a
-  frame exceeds the recompute stall it causes (``stall_s * batch token rate``);
-- overload: retire requests that waited longer than ``maxWaitingSeconds`` without being
-  scheduled, or whose deadline cannot be met even at full speed (drop or demote).
+1. score them (:mod:`~jitserve.scheduling.priorities`): goodput per unit of engine
+   time, aged by ``delta`` per frame waited; with fairness weight ``f``,
+   ``(1 - f) * priority + f * 2 * median * Fair(tenant)``, so the blend stays in goodput
+   units (preemption compares it with a token cost) and a tenant at its entitlement
+   weighs one median priority;
+2. choose the group (:mod:`~jitserve.scheduling.grouping`): cutoff ``p`` and the
+   input-length window;
+3. sequence the waiting members: by latest start (the start that still earns the full
+   gain); with ``f > 0`` blended with the tenants' fair-share order (seed 003: urgency
+   is a claim on your own share), positions in each order weighted ``1 - f`` and ``f``;
+   members that would start too late leave the group;
+4. preempt running requests outside the group when it pays
+   (:mod:`~jitserve.scheduling.preemption`).
 
-The queue between frames is a heap on the last computed priority; arrivals get their
-priority when they arrive, so admission stays O(log n). One frame costs O(N log N).
+Overload control (retiring what cannot earn goodput) is the layer GMAX runs inside,
+shared with the ``-ac`` baselines (:mod:`~jitserve.scheduling.overload`); it keeps what
+:meth:`GMAX.planned` names: the feasible waiting members of the group.
+
+The queue between frames is a heap on the last computed key; arrivals get theirs when
+they arrive, so admission stays O(log n). One frame costs O(N log N).
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
-import random
 from collections import defaultdict
 
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.policy import CutoffMode, Objective, OverloadAction, SLOPolicySpec
-from jitserve.requests import LiveProgram, LiveRequest
-from jitserve.scheduling.base import (
-    EngineView,
-    FramePlan,
-    QueuedPolicy,
-    Retirement,
-    RetireReason,
+from jitserve.policy import CutoffMode, SLOPolicySpec
+from jitserve.requests import LiveRequest
+from jitserve.scheduling.base import EngineView, FramePlan, QueuedPolicy
+from jitserve.scheduling.cutoff import CutoffTuner
+from jitserve.scheduling.grouping import admit_feasible, choose_group
+from jitserve.scheduling.pacing import PrefillPacer
+from jitserve.scheduling.preemption import choose_victims
+from jitserve.scheduling.priorities import (
+    MIN_TIME_S,
+    Scores,
+    Speeds,
+    fair_claims,
+    latency_tokens_reachable,
+    normal_quantile,
+    score,
 )
-from jitserve.slo import LatencySLO
+
+__all__ = ["GMAX", "latency_tokens_reachable"]
 
 OUTSIDE_GROUP = 1e13
-"""Queue keys: members of the chosen group are keyed by their latest start time (seconds,
-earliest first); everyone else by ``OUTSIDE_GROUP - priority``, so after the group."""
-MIN_TIME_S = 1e-3
-
-
-def latency_tokens_reachable(
-    first_index: npt.NDArray[np.float64],
-    count: npt.NDArray[np.float64],
-    start_s: npt.NDArray[np.float64],
-    per_token_s: float,
-    due0_s: npt.NDArray[np.float64],
-    tbt_s: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
-    """How many of tokens ``first_index .. first_index+count-1`` would be on time if the
-    request started producing at ``start_s`` with one token per ``per_token_s``.
-
-    Token i is out at ``start + (i - first + 1) * v`` and due at ``due0 + i * tbt``; the
-    lateness changes linearly in i, so the on-time tokens are a prefix or a suffix."""
-    # lateness(i) = start + (i - first + 1) v - due0 - i tbt = c0 + i (v - tbt)
-    c0 = start_s + (1 - first_index) * per_token_s - due0_s
-    slope = per_token_s - tbt_s
-    last = first_index + count - 1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        crossing = np.where(slope != 0, -c0 / np.where(slope != 0, slope, 1.0), np.inf)
-    # slope < 0: on time for i >= crossing; slope > 0: on time for i <= crossing
-    from_suffix = np.clip(last - np.maximum(np.ceil(crossing - 1e-9), first_index) + 1, 0, count)
-    from_prefix = np.clip(np.minimum(np.floor(crossing + 1e-9), last) - first_index + 1, 0, count)
-    flat = np.where(c0 <= 1e-9, count, 0.0)
-    return np.where(slope < 0, from_suffix, np.where(slope > 0, from_prefix, flat))
-
-
-class CutoffTuner:
-    """Online choice of the cutoff p: epsilon-greedy over candidate values, rewarding
-    the goodput (tokens/s) that completed during each epoch of frames."""
-
-    def __init__(
-        self, candidates: list[float], start: float, epoch_frames: int, seed: int = 0
-    ) -> None:
-        self.candidates = sorted(set(candidates) | {start})
-        self.value = start
-        self.epoch_frames = epoch_frames
-        self._reward: dict[float, float] = {}
-        self._frames = 0
-        self._earned = 0.0
-        self._epoch_start_s: float | None = None
-        self._epochs = 0
-        self._rng = random.Random(seed)
-
-    def reconfigure(self, candidates: list[float], start: float, epoch_frames: int) -> None:
-        """New settings on hot reload: what was learned about candidates still offered is
-        kept, and so is the current value if it is still a candidate."""
-        self.candidates = sorted(set(candidates) | {start})
-        self._reward = {c: r for c, r in self._reward.items() if c in self.candidates}
-        if self.value not in self.candidates:
-            self.value = start
-        self.epoch_frames = epoch_frames
-
-    def earned(self, tokens: float) -> None:
-        self._earned += tokens
-
-    def on_frame(self, now_s: float) -> None:
-        if self._epoch_start_s is None:
-            self._epoch_start_s = now_s
-        self._frames += 1
-        if self._frames < self.epoch_frames:
-            return
-        elapsed = max(now_s - self._epoch_start_s, MIN_TIME_S)
-        rate = self._earned / elapsed
-        old = self._reward.get(self.value)
-        self._reward[self.value] = rate if old is None else 0.5 * old + 0.5 * rate
-        self._epochs += 1
-        self._frames, self._earned, self._epoch_start_s = 0, 0.0, now_s
-        untried = [c for c in self.candidates if c not in self._reward]
-        epsilon = max(0.05, 1.0 / (1 + self._epochs / 4))
-        if untried:
-            self.value = untried[0]
-        elif self._rng.random() < epsilon:
-            self.value = self._rng.choice(self.candidates)
-        else:
-            self.value = max(self._reward, key=lambda c: self._reward[c])
+"""Queue keys: members of the chosen group are keyed by their start order (below
+``OUTSIDE_GROUP / 2``); everyone else by ``OUTSIDE_GROUP - priority``, so after them."""
+FAIR_TIE = 0.01
+"""Weight of the goodput priority inside the fair-share term (orders a tenant's requests)."""
 
 
 class GMAX(QueuedPolicy):
@@ -135,20 +67,25 @@ class GMAX(QueuedPolicy):
         super().__init__()
         self._seed = seed
         self._median_priority = 1.0
-        self._decode_s = 0.03
-        self._prefill_s = 1e-4
-        self._token_s = 1e-4
-        self._batch = 256
-        self._service: dict[str, float] = defaultdict(float)
-        self._seen_generated: dict[LiveRequest, int] = {}
+        self._speeds = Speeds()
+        self._earned: dict[str, float] = defaultdict(float)
+        """Goodput tokens each tenant earned, decayed over ``fairness.windowSeconds``."""
         # policy-private per-request values (never written into the request)
         self._priority: dict[LiveRequest, float] = {}
         self._frames_waited: dict[LiveRequest, int] = {}
         self._demoted: set[LiveRequest] = set()
+        self._planned: set[LiveRequest] = set()
         self.tuner: CutoffTuner | None = None
         self._last_frame_s: float | None = None
         self._threshold = -math.inf
         """Priority an arrival needs to join the current group (cutoff x B-th best)."""
+        self._frontier = -math.inf
+        """Under overload, the most valuable member the last frame displaced."""
+        self._claims: dict[str, float] = {}
+        self._fair_scale = 0.0
+        self._sequence = _Sequence()
+        self._pacer = PrefillPacer()
+        self._running: set[LiveRequest] = set()
         self.spec = spec or SLOPolicySpec()
         self.configure(self.spec)
 
@@ -165,114 +102,45 @@ class GMAX(QueuedPolicy):
             self.tuner.reconfigure(s.cutoff.candidates, s.cutoff.value, s.cutoff.epoch_frames)
         self.auto_cutoff = s.cutoff.mode is CutoffMode.AUTO
         self.cutoff = self.tuner.value if self.auto_cutoff else s.cutoff.value
-
-    # ---- priorities -----------------------------------------------------------------
-    def _priorities(
-        self, rs: list[LiveRequest], now_s: float
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """(priority, latest start time that still earns the full gain) per request."""
-        n = len(rs)
-        if n == 0:
-            return np.zeros(0), np.zeros(0)
-        v, pf_s = self._decode_s, self._prefill_s
-        generated = np.empty(n)
-        remaining = np.empty(n)
-        typical = np.empty(n)
-        prefill_left = np.empty(n)
-        prompt = np.empty(n)
-        deadline = np.empty(n)
-        due0 = np.empty(n)
-        tbt = np.empty(n)
-        is_latency = np.zeros(n, dtype=bool)
-        waited = np.empty(n)
-        for i, r in enumerate(rs):
-            req = r.req
-            g = r.generated
-            generated[i] = g
-            remaining[i] = max(r.bound - g, 1)
-            typical[i] = max((r.expected or r.bound) - g, 1)
-            prefill_left[i] = r.prefill_target - r.prefilled
-            prompt[i] = req.prompt_tokens
-            waited[i] = self._frames_waited.get(r, 0)
-            slo = req.slo
-            if r in self._demoted:
-                deadline[i] = math.inf
-            elif isinstance(slo, LatencySLO) and r.program is None:
-                is_latency[i] = True
-                due0[i] = req.arrival_s + slo.ttft_s
-                tbt[i] = slo.tbt_s
-            elif r.program is not None:
-                deadline[i] = r.program.stage_deadline_abs_s
-            else:
-                deadline[i] = req.arrival_s + slo.deadline_s  # type: ignore[union-attr]
-        t_gen = np.maximum(prefill_left * pf_s + remaining * v, MIN_TIME_S)
-        # Cost = share of engine time r will consume: with chunked prefill every prompt and
-        # output token takes one unit of the iteration's token budget (token_s each); a
-        # decode token also holds one of B batch slots for a step (v / B).
-        cost = prefill_left * self._token_s + typical * max(self._token_s, v / self._batch)
-        programs = self._program_groups(rs)
-        for idx in programs.values():
-            t_gen[idx] = t_gen[idx].max()
-        t_rem = np.where(is_latency, 0.0, deadline - now_s)
-        penalty = self.spec.scheduler.soft_penalty
-        feasible = np.clip(np.where(t_rem > 0, t_rem / t_gen, 0.0), 0.0, 1.0) ** penalty
-        tokens_objective = self.spec.objective is Objective.TOKENS
-        gain = (prompt + generated + typical if tokens_objective else np.ones(n)) * feasible
-        # latest start that still earns everything: the sequencing key inside the group
-        latest_start = deadline - (prefill_left * pf_s + typical * v)
-        if is_latency.any():
-            idx = np.flatnonzero(is_latency)
-            start = now_s + prefill_left[idx] * pf_s
-            ontime = latency_tokens_reachable(
-                generated[idx], typical[idx], start, v, due0[idx], tbt[idx]
-            )
-            gain[idx] = ontime if tokens_objective else (ontime >= typical[idx])
-            latest_start[idx] = (
-                due0[idx] + generated[idx] * tbt[idx] - (prefill_left[idx] + 1) * pf_s
-            )
-        demoted = ~np.isfinite(deadline) & ~is_latency
-        gain[demoted] = 1e-3 * (prompt[demoted] + typical[demoted])
-        for idx in programs.values():
-            # One priority per compound stage: the stage's gain over the stage's cost.
-            gain[idx] = gain[idx].sum() / idx.size
-            cost[idx] = cost[idx].sum() / idx.size
-            latest_start[idx] = latest_start[idx].min()
-        priority = gain / np.maximum(cost, 1e-9)
-        positive = priority[priority > 0]
-        if positive.size:
-            self._median_priority = float(np.median(positive))
-        priority += self.spec.scheduler.delta * self._median_priority * waited
-        return priority, latest_start
-
-    @staticmethod
-    def _program_groups(rs: list[LiveRequest]) -> dict[LiveProgram, npt.NDArray[np.intp]]:
-        groups: dict[LiveProgram, list[int]] = defaultdict(list)
-        for i, r in enumerate(rs):
-            if r.program is not None:
-                groups[r.program].append(i)
-        return {lp: np.array(members) for lp, members in groups.items()}
-
-    def _key(self, priority: float, latest_start: float, in_group: bool) -> float:
-        return min(latest_start, OUTSIDE_GROUP / 2) if in_group else OUTSIDE_GROUP - priority
-
-    def _fair(self, rs: list[LiveRequest]) -> npt.NDArray[np.float64]:
-        fairness = self.spec.fairness
-        total = sum(self._service.values())
-        tenants = {r.req.tenant for r in rs}
-        weights = {t: fairness.weight_of(t) for t in tenants}
-        weight_sum = sum(weights.values()) or 1.0
-        fair = {}
-        for t in tenants:
-            share = weights[t] / weight_sum
-            received = self._service.get(t, 0.0) / total if total > 0 else share
-            fair[t] = share / (share + received)
-        return np.array([fair[r.req.tenant] for r in rs])
+        self._speeds.z_q = normal_quantile(s.length_quantile)
+        mechanisms = s.mechanisms
+        self.fair_weight = spec.fairness.weight if mechanisms.fairness else 0.0
 
     # ---- queue ------------------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        priority, latest_start = self._priorities([r], now_s)
-        p = self._priority[r] = float(priority[0])
-        self.queue.push(r, self._key(p, float(latest_start[0]), p >= self._threshold))
+        self._running.discard(r)  # preempted requests come back here
+        scores = score(
+            [r], now_s, self._speeds, self.spec, self._frames_waited, self._demoted,
+            self._median_priority,
+        )
+        p = self._priority[r] = self._blend(
+            r, float(scores.priority[0]), bool(scores.gain[0] <= 0)
+        )
+        latest_start = float(scores.latest_start[0])
+        # joins the group if it would have made the cut and can still start in time
+        late = latest_start < now_s and self.spec.scheduler.mechanisms.latest_start_sequencing
+        in_group = p >= self._threshold and p > self._frontier and not late
+        order = self._start_order(scores, np.array([p]))
+        key = (
+            self._sequence.key_of(r, float(order[0]), bool(scores.gain[0] <= 0))
+            if in_group
+            else 0.0
+        )
+        self.queue.push(r, self._key(p, key, in_group))
+
+    def peek_next(self, now_s: float) -> LiveRequest | None:
+        r = self.queue.peek()
+        if r is None or not self._running or not self.spec.scheduler.mechanisms.prefill_pacing:
+            return r
+        return r if self._pacer.allows(now_s, r.prefill_target - r.prefilled) else None
+
+    def pop_next(self, now_s: float) -> LiveRequest | None:
+        r = self.peek_next(now_s)
+        if r is not None:
+            self.queue.pop()
+            self._running.add(r)
+            self._pacer.started(r.prefill_target - r.prefilled)
+        return r
 
     def priority_of(self, r: LiveRequest) -> float:
         return self._priority.get(r, 0.0)
@@ -281,36 +149,50 @@ class GMAX(QueuedPolicy):
         super().remove(r)
         self._forget(r)
 
+    def demote(self, r: LiveRequest) -> None:
+        self._demoted.add(r)
+
+    def planned(self, view: EngineView) -> set[LiveRequest]:
+        return self._planned
+
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         assert self.tuner is not None
         self.tuner.earned(goodput_tokens)
-        self._account_service(r)
+        self._earned[r.req.tenant] += goodput_tokens
         self._forget(r)
 
     def _forget(self, r: LiveRequest) -> None:
-        self._seen_generated.pop(r, None)
         self._priority.pop(r, None)
         self._frames_waited.pop(r, None)
         self._demoted.discard(r)
+        self._planned.discard(r)
+        self._running.discard(r)
 
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.cutoff, "median_priority": self._median_priority}
 
-    def _account_service(self, r: LiveRequest) -> None:
-        seen = self._seen_generated.get(r, 0)
-        if r.generated > seen:
-            self._service[r.req.tenant] += r.generated - seen
-            self._seen_generated[r] = r.generated
+    @staticmethod
+    def _key(priority: float, start_key: float, in_group: bool) -> float:
+        return min(start_key, OUTSIDE_GROUP / 2) if in_group else OUTSIDE_GROUP - priority
+
+    def _blend(self, r: LiveRequest, priority: float, hopeless: bool) -> float:
+        f = self.fair_weight
+        if f <= 0:
+            return priority
+        claim = 0.0 if hopeless else self._claims.get(r.req.tenant, 1.0)
+        return (1 - f) * priority + f * (self._fair_scale * claim + FAIR_TIE * priority)
 
     # ---- the frame -------------------------------------------------------------------
     def frame(self, view: EngineView) -> FramePlan:
         now = view.now_s
-        self._decode_s = max(view.decode_step_s, MIN_TIME_S)
-        self._prefill_s = view.prefill_s_per_token
-        self._token_s = view.token_s or view.prefill_s_per_token
-        self._batch = view.max_running
-        self._decay_service(now)
-        if self.auto_cutoff:
+        speeds = self._speeds
+        speeds.decode_s = max(view.decode_step_s, MIN_TIME_S)
+        speeds.prefill_s = view.prefill_s_per_token
+        speeds.token_s = view.token_s or view.prefill_s_per_token
+        speeds.batch = view.max_running
+        speeds.slots_bind = len(view.running) + self.queue.__len__() > view.max_running
+        self._decay_earned(now)
+        if self.auto_cutoff and self.spec.scheduler.mechanisms.cutoff:
             assert self.tuner is not None
             self.tuner.on_frame(now)
             self.cutoff = self.tuner.value
@@ -319,168 +201,173 @@ class GMAX(QueuedPolicy):
         for r in waiting:
             self._frames_waited[r] = self._frames_waited.get(r, 0) + 1
         running = list(view.running)
-        for r in running:
-            self._account_service(r)
-        # Overload control (seed 003): give up on deadlines that cannot be met even at
-        # full speed, before they take a place in the group.
-        self._give_up(
-            [r for r in (*running, *waiting) if self._unreachable(r, now)],
-            RetireReason.UNREACHABLE,
-            plan,
-        )
-        gone = plan.retired()
-        running = [r for r in running if r not in gone]
-        waiting = [r for r in waiting if r not in gone]
+        self._running = set(running)
         live = running + waiting
+        self._planned = set()
         if not live:
             self.queue.rebuild([])
             return plan
-        priority, latest_start = self._priorities(live, now)
-        f = self.spec.fairness.weight
-        if f > 0:
-            top = float(priority.max()) or 1.0
-            priority = (1 - f) * priority / top + f * self._fair(live)
+        scores = score(
+            live, now, speeds, self.spec, self._frames_waited, self._demoted,
+            self._median_priority,
+        )
+        self._median_priority = scores.median
+        n_run = len(running)
+        self._pacer.on_frame(
+            now,
+            scores.need_s[:n_run][scores.gain[:n_run] > 0],
+            view.decode_step_s,
+            speeds.token_s * n_run,
+        )
+        hopeless = scores.gain <= 0
+        priority = self._blended(live, scores.priority, hopeless)
         for r, p in zip(live, priority, strict=True):
             self._priority[r] = float(p)
-        chosen = self._group(live, priority, view.max_running)
-        self._admit_feasible(live, len(running), priority, latest_start, chosen, now)
-        # Admission control (paper section 5): retire a request that waited past the
-        # maximum waiting time and that the scheduler still does not plan to serve. One it
-        # plans to serve (in the group, projected to start in time) stays: on bursty
-        # traffic (azure-code) dropping those too cost a third of the token goodput.
-        first = len(running)
-        overdue = [
-            r for i, r in enumerate(waiting) if not chosen[first + i] and self._overdue(r, now)
-        ]
-        self._give_up(overdue, RetireReason.MAX_WAITING, plan)
-        gone = set(overdue)
-        self.queue.rebuild(
-            (self._key(self._priority[r], float(latest_start[first + i]), chosen[first + i]), r)
-            for i, r in enumerate(waiting)
-            if r not in gone
+        mechanisms = self.spec.scheduler.mechanisms
+        chosen, self._threshold = choose_group(
+            live,
+            priority,
+            view.max_running,
+            self.cutoff if mechanisms.cutoff else None,
+            self.spec.scheduler.candidate_factor,
+            mechanisms.length_window,
         )
-        self._preempt(view, running, waiting, chosen, plan)
+        first = len(running)
+        self._frontier = -math.inf
+        start_key = self._sequence.build(
+            live, first, chosen, self._start_order(scores, priority), hopeless, self._claims,
+            self.fair_weight,
+        )
+        if mechanisms.latest_start_sequencing:
+            self._frontier = admit_feasible(
+                live, first, priority, start_key, scores.latest_start, scores.work_s,
+                scores.due_s, chosen, now, speeds.prefill_s, speeds.decode_s, speeds.token_s,
+            )
+        in_group = chosen.tolist()
+        keys = np.where(chosen, np.minimum(start_key, OUTSIDE_GROUP / 2), OUTSIDE_GROUP - priority)
+        self._planned = {r for r, c in zip(waiting, in_group[first:], strict=True) if c}
+        self.queue.rebuild(zip(keys[first:].tolist(), waiting, strict=True))
+        if mechanisms.preemption and self.spec.scheduler.preemption.enabled:
+            lost = {r for r, h in zip(running, hopeless[:first].tolist(), strict=True) if h}
+            self._preempt(view, running, waiting, in_group, lost, plan)
         return plan
 
-    def _group(
-        self, live: list[LiveRequest], priority: npt.NDArray[np.float64], batch: int
-    ) -> npt.NDArray[np.bool_]:
-        """Cutoff filter + input-length sliding window; returns a mask over ``live``."""
-        n = len(live)
-        chosen = np.zeros(n, dtype=bool)
-        self._threshold = -math.inf
-        if n <= batch:
-            chosen[:] = True
-            return chosen
-        k = min(n, self.spec.scheduler.candidate_factor * batch)
-        top = np.argpartition(-priority, k - 1)[:k] if k < n else np.arange(n)
-        bth = float(np.partition(priority[top], len(top) - batch)[len(top) - batch])
-        self._threshold = self.cutoff * bth
-        candidates = top[priority[top] >= self._threshold]
-        if candidates.size <= batch:
-            chosen[candidates] = True
-            return chosen
-        lengths = np.array([live[i].context_tokens for i in candidates])
-        ordered = candidates[np.argsort(lengths, kind="stable")]
-        sums = np.convolve(priority[ordered], np.ones(batch), mode="valid")
-        best = int(np.argmax(sums))
-        chosen[ordered[best : best + batch]] = True
-        return chosen
+    def _start_order(
+        self, scores: Scores, priority: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """Start order of group members, lower first: by latest start, or (sequencing
+        off) by priority."""
+        if not self.spec.scheduler.mechanisms.latest_start_sequencing:
+            return -priority
+        return scores.latest_start
 
-    def _admit_feasible(
+    def _blended(
         self,
         live: list[LiveRequest],
-        n_running: int,
         priority: npt.NDArray[np.float64],
-        latest_start: npt.NDArray[np.float64],
-        chosen: npt.NDArray[np.bool_],
-        now: float,
-    ) -> None:
-        """Overload control inside the group (seed 003: urgency must not cascade).
-
-        Walk the waiting group members in latest-start order, projecting when each would
-        start given the prompts queued ahead of it (running prefills first). A member that
-        would start too late displaces lower-priority members ahead of it if that makes it
-        feasible; otherwise it leaves the group (it is then served only with spare capacity
-        and retired by the waiting-time rule). Weighted Moore-Hodgson, O(N log N)."""
-        pf_s = self._prefill_s
-        backlog = sum(r.prefill_target - r.prefilled for r in live[:n_running]) * pf_s
-        members = [i for i in range(n_running, len(live)) if chosen[i]]
-        members.sort(key=lambda i: latest_start[i])
-        accepted: list[tuple[float, int]] = []  # min-heap on priority
-        for i in members:
-            size = (live[i].prefill_target - live[i].prefilled) * pf_s
-            overflow = now + backlog - latest_start[i]
-            evicted: list[tuple[float, int]] = []
-            while overflow > 0 and accepted and accepted[0][0] < priority[i]:
-                p_j, j = heapq.heappop(accepted)
-                evicted.append((p_j, j))
-                j_size = (live[j].prefill_target - live[j].prefilled) * pf_s
-                overflow -= j_size
-                backlog -= j_size
-            if overflow > 0:  # cannot be made feasible: undo the evictions, drop i
-                for p_j, j in evicted:
-                    heapq.heappush(accepted, (p_j, j))
-                    backlog += (live[j].prefill_target - live[j].prefilled) * pf_s
-                chosen[i] = False
-                continue
-            for _, j in evicted:
-                chosen[j] = False
-            heapq.heappush(accepted, (float(priority[i]), i))
-            backlog += size
+        hopeless: npt.NDArray[np.bool_],
+    ) -> npt.NDArray[np.float64]:
+        """Priority with the fair-share claims blended in (f > 0), in goodput units: a
+        claim is scaled by the top priority, so at f = 1 the tenants' claims decide and
+        priority only orders requests inside a tenant. A request that can earn nothing
+        gets no claim: fairness shares goodput, and it has none to give."""
+        f = self.fair_weight
+        if f <= 0:
+            self._claims = {}
+            return priority
+        self._claims = fair_claims([r.req.tenant for r in live], self._earned, self.spec.fairness)
+        self._fair_scale = float(priority.max()) if priority.size else 0.0
+        claims = np.array([self._claims[r.req.tenant] for r in live]) * ~hopeless
+        return (1 - f) * priority + f * (self._fair_scale * claims + FAIR_TIE * priority)
 
     def _preempt(
         self,
         view: EngineView,
         running: list[LiveRequest],
         waiting: list[LiveRequest],
-        chosen: npt.NDArray[np.bool_],
+        in_group: list[bool],
+        lost: set[LiveRequest],
         plan: FramePlan,
     ) -> None:
-        settings = self.spec.scheduler.preemption
+        """Correct scheduling errors: a running request outside the group that can no
+        longer earn goodput gives its slot to a waiting group member, when it pays. A
+        running request that still can is left alone: swapping it out puts its own
+        deadline (and, for a compound call, its whole program's) at risk, which the
+        per-frame gain does not see."""
         free = view.max_running - len(running)
-        challengers = sorted(
-            (r for i, r in enumerate(waiting) if chosen[len(running) + i]),
-            key=lambda r: -self._priority[r],
-        )[max(free, 0) :]
-        if not settings.enabled or not challengers:
+        members = [r for r, c in zip(waiting, in_group[len(running) :], strict=True) if c]
+        if len(members) <= max(free, 0):
             return
+        challengers = sorted(members, key=lambda r: -self._priority[r])[max(free, 0) :]
         victims = sorted(
-            (r for i, r in enumerate(running) if not chosen[i]), key=lambda r: self._priority[r]
+            (r for r, c in zip(running, in_group, strict=False) if not c and r in lost),
+            key=lambda r: self._priority[r],
         )
-        frame_s = self.frame_steps * self._decode_s
-        token_rate = max(len(running), 1) / self._decode_s
-        for challenger, victim in zip(challengers[: settings.max_per_frame], victims, strict=False):
-            gain = (self._priority[challenger] - self._priority[victim]) * frame_s
-            stall_s = victim.context_tokens * self._token_s
-            if gain > settings.cost_factor * stall_s * token_rate:
-                plan.preempt.append(victim)
+        speeds = self._speeds
+        plan.preempt.extend(
+            choose_victims(
+                challengers,
+                victims,
+                self._priority,
+                self.spec.scheduler.preemption,
+                self.frame_steps * speeds.decode_s / max(len(running), 1),
+                speeds.token_s,
+                max(len(running), 1) / speeds.decode_s,
+            )
+        )
 
-    def _unreachable(self, r: LiveRequest, now: float) -> bool:
-        """A deadline that cannot be met even if r ran alone at full speed from now."""
-        if r in self._demoted or (isinstance(r.req.slo, LatencySLO) and r.program is None):
-            return False
-        deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
-        fastest = (r.prefill_target - r.prefilled) * self._prefill_s + self._decode_s
-        return now + fastest > deadline
-
-    def _overdue(self, r: LiveRequest, now: float) -> bool:
-        waited = now - r.req.arrival_s
-        return r.started_s is None and waited > self.spec.admission.max_waiting_seconds
-
-    def _give_up(self, rs: list[LiveRequest], reason: RetireReason, plan: FramePlan) -> None:
-        demote = self.spec.admission.overload_action is OverloadAction.DEMOTE
-        for r in rs:
-            if r in self._demoted:
-                continue
-            if demote:
-                self._demoted.add(r)
-            else:
-                plan.retire.append(Retirement(r, reason))
-
-    def _decay_service(self, now: float) -> None:
+    def _decay_earned(self, now: float) -> None:
         if self._last_frame_s is not None:
             decay = math.exp(-(now - self._last_frame_s) / self.spec.fairness.window_seconds)
-            for t in self._service:
-                self._service[t] *= decay
+            for t in self._earned:
+                self._earned[t] *= decay
         self._last_frame_s = now
+
+
+class _Sequence:
+    """The start order of the group's waiting members (lower first), blended with the
+    tenants' fair-share order when ``f > 0``; kept between frames so that an arrival gets
+    a key on the same scale."""
+
+    def __init__(self) -> None:
+        self._bases: list[float] = []
+        self._tenant_pos: dict[str, float] = {}
+        self._f = 0.0
+
+    def build(
+        self,
+        live: list[LiveRequest],
+        first: int,
+        chosen: npt.NDArray[np.bool_],
+        base: npt.NDArray[np.float64],
+        hopeless: npt.NDArray[np.bool_],
+        claims: dict[str, float],
+        f: float,
+    ) -> npt.NDArray[np.float64]:
+        self._f = f
+        if f <= 0:
+            return base
+        members = np.flatnonzero(chosen[first:]) + first
+        self._bases = sorted(float(base[i]) for i in members)
+        counts: dict[str, int] = defaultdict(int)
+        for i in members:
+            counts[live[i].req.tenant] += 1
+        total = max(len(members), 1)
+        self._tenant_pos = {}
+        ahead = 0
+        for tenant in sorted(counts, key=lambda t: -claims.get(t, 1.0)):
+            self._tenant_pos[tenant] = ahead / total
+            ahead += counts[tenant]
+        keys = np.array(base, dtype=np.float64)
+        for i in members:
+            keys[i] = self.key_of(live[i], float(base[i]), bool(hopeless[i]))
+        return keys
+
+    def key_of(self, r: LiveRequest, base: float, hopeless: bool = False) -> float:
+        """The key of a request whose own start order value is ``base``; one that can earn
+        nothing has no claim on its tenant's share and goes after the tenants' turns."""
+        if self._f <= 0:
+            return base
+        pos = bisect.bisect_left(self._bases, base) / max(len(self._bases), 1)
+        tenant_pos = 1.0 if hopeless else self._tenant_pos.get(r.req.tenant, 0.0)
+        return (1 - self._f) * pos + self._f * tenant_pos + 1e-9 * pos

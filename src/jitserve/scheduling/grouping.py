@@ -1,0 +1,150 @@
+"""GMAX's group: which B requests run in the next frame, and in which order the waiting
+ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
+
+- :func:`choose_group`: keep the top ``k * B`` requests with priority >= ``p`` x the
+  B-th best (the cutoff), sort them by input length and take the size-B window with the
+  largest priority sum (the length window). Either step can be switched off
+  (``mechanisms.cutoff``, ``mechanisms.lengthWindow``).
+- :func:`admit_feasible`: walk the waiting members in their start order, projecting when
+  each would start given the prompts queued ahead of it; a member that would start too
+  late displaces lower-priority members ahead of it if that makes it feasible, otherwise
+  it leaves the group (weighted Moore-Hodgson, O(N log N)).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from jitserve.requests import LiveRequest
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+VALUE_BUCKETS = 8
+"""Values within a factor e^(1/8) (~13%) count as equal when choosing whom to displace;
+among equals the member with more work goes (more requests then meet their SLO)."""
+
+
+def choose_group(
+    live: list[LiveRequest],
+    priority: FloatArray,
+    batch: int,
+    cutoff: float | None,
+    candidate_factor: int,
+    length_window: bool = True,
+) -> tuple[BoolArray, float]:
+    """(mask over ``live`` of the chosen group, the priority an arrival needs to join it).
+
+    ``cutoff`` None: no cutoff filter (every top ``k * B`` candidate may join)."""
+    n = len(live)
+    chosen = np.zeros(n, dtype=bool)
+    if n <= batch:
+        chosen[:] = True
+        return chosen, -math.inf
+    k = min(n, candidate_factor * batch)
+    top = np.argpartition(-priority, k - 1)[:k] if k < n else np.arange(n)
+    bth = float(np.partition(priority[top], len(top) - batch)[len(top) - batch])
+    threshold = bth * cutoff if cutoff is not None else -math.inf
+    candidates = top[priority[top] >= threshold]
+    if candidates.size <= batch:
+        chosen[candidates] = True
+        return chosen, threshold
+    if not length_window:
+        best = candidates[np.argpartition(-priority[candidates], batch - 1)[:batch]]
+        chosen[best] = True
+        return chosen, max(threshold, bth)
+    lengths = np.array([live[i].context_tokens for i in candidates])
+    ordered = candidates[np.argsort(lengths, kind="stable")]
+    sums = np.convolve(priority[ordered], np.ones(batch), mode="valid")
+    best_start = int(np.argmax(sums))
+    chosen[ordered[best_start : best_start + batch]] = True
+    return chosen, threshold
+
+
+def admit_feasible(
+    live: list[LiveRequest],
+    n_running: int,
+    value: FloatArray,
+    start_key: FloatArray,
+    latest_start: FloatArray,
+    work_s: FloatArray,
+    due_s: FloatArray,
+    chosen: BoolArray,
+    now_s: float,
+    prefill_s: float,
+    decode_s: float,
+    token_s: float,
+) -> float:
+    """Drop from ``chosen`` the waiting members that cannot meet their SLO in the start
+    order ``start_key`` (seed 003: urgency must not cascade; overload is detected, then
+    the scheduler turns value-based).
+
+    Walking the waiting members in start order, member k is feasible when (1) the
+    prompts queued ahead of it (running prefills first) are done by its latest start,
+    and (2) the engine time of everything ahead of it plus its own is done by its due
+    time (running requests count what they can decode by then, one token per step).
+    When k is not, accepted members ahead of it with less value per unit of engine time
+    (then: more work) are displaced while that makes k feasible (weighted
+    Moore-Hodgson); otherwise k leaves the group. O(N log N).
+
+    Returns the highest value among the displaced members (-inf if none): under overload,
+    an arrival worth no more than that would be displaced too."""
+    running_work = np.sort(work_s[:n_running])
+    running_prefix = np.concatenate([[0.0], np.cumsum(running_work)])
+    # a running request decodes one token per step: by time h it takes at most
+    # h / decode_s tokens of engine time, i.e. rate x h seconds of it
+    rate = token_s / max(decode_s, 1e-9)
+
+    def running_by(h: float) -> float:
+        if not math.isfinite(h):
+            return float(running_prefix[-1])
+        cap = rate * max(h, 0.0)
+        i = int(np.searchsorted(running_work, cap))
+        return float(running_prefix[i] + cap * (n_running - i))
+
+    backlog = sum(r.prefill_target - r.prefilled for r in live[:n_running]) * prefill_s
+    members = [i for i in range(n_running, len(live)) if chosen[i]]
+    members.sort(key=lambda i: start_key[i])
+    accepted: list[tuple[float, float, int]] = []  # min-heap: least value, then most work
+    queued_work = 0.0
+    frontier = -math.inf
+
+    def rank(j: int) -> tuple[float, float]:
+        return (math.floor(math.log(max(float(value[j]), 1e-30)) * VALUE_BUCKETS), -work_s[j])
+
+    def size(j: int) -> float:
+        return (live[j].prefill_target - live[j].prefilled) * prefill_s
+
+    for i in members:
+        late_start = now_s + backlog - latest_start[i]
+        late_finish = (
+            now_s + running_by(due_s[i] - now_s) + queued_work + work_s[i] - due_s[i]
+        )
+        evicted: list[tuple[float, float, int]] = []
+        mine = rank(i)
+        while (late_start > 0 or late_finish > 0) and accepted and accepted[0][:2] < mine:
+            entry = heapq.heappop(accepted)
+            j = entry[2]
+            evicted.append(entry)
+            late_start -= size(j)
+            backlog -= size(j)
+            late_finish -= work_s[j]
+            queued_work -= work_s[j]
+        if late_start > 0 or late_finish > 0:  # cannot be made feasible: undo, drop i
+            for entry in evicted:
+                heapq.heappush(accepted, entry)
+                backlog += size(entry[2])
+                queued_work += work_s[entry[2]]
+            chosen[i] = False
+            continue
+        for entry in evicted:
+            chosen[entry[2]] = False
+            frontier = max(frontier, float(value[entry[2]]))
+        heapq.heappush(accepted, (*mine, i))
+        backlog += size(i)
+        queued_work += work_s[i]
+    return frontier
+

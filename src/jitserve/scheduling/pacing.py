@@ -1,0 +1,77 @@
+"""Prefill pacing: GMAX starts new prompts no faster than the running requests' SLOs
+allow (the paper's per-request bandwidth, applied to the engine's iteration time).
+
+With chunked prefill and a large token budget, an engine with a queue fills every
+iteration with prompt chunks, so one decode step takes as long as the budget's worth of
+prefill (~150 ms for 2,048 tokens of an 8B model on an A100): longer than a 100 ms TBT,
+and too slow for a 20 s deadline with a few hundred tokens to go. Every running request
+that can still earn goodput needs one token per ``tau`` seconds (latency: its TBT;
+deadline and compound: time left over tokens left); the pacer keeps the measured step
+time under the tightest such need that pacing can still meet, by admitting prompt tokens
+at a rate it adapts at every frame (additive increase while steps are fast enough,
+multiplicative decrease when they are not). With nothing to protect it does not pace.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+DECREASE = 0.5
+INCREASE = 1.5
+TAU_QUANTILE = 0.1
+"""The need protected: a low quantile of the running requests' per-token needs, so one
+outlier does not stop admissions."""
+
+
+class PrefillPacer:
+    def __init__(self) -> None:
+        self.rate = math.inf
+        """Prompt tokens per second that may start."""
+        self.tau_s = math.inf
+        self._bucket = 0.0
+        self._last_s: float | None = None
+        self._started_tokens = 0.0
+        self._frame_start_s: float | None = None
+
+    def on_frame(
+        self,
+        now_s: float,
+        needs_s: npt.NDArray[np.float64],
+        step_s: float,
+        floor_s: float,
+    ) -> None:
+        """``needs_s``: per-token time each running request with goodput left needs;
+        ``step_s``: the measured step time; ``floor_s``: the fastest step pacing can give
+        (decoding alone). Needs below the floor cannot be met by pacing and are ignored."""
+        savable = needs_s[np.isfinite(needs_s) & (needs_s > floor_s)]
+        elapsed = now_s - self._frame_start_s if self._frame_start_s is not None else 0.0
+        admitted_rate = self._started_tokens / elapsed if elapsed > 0 else math.inf
+        self._frame_start_s, self._started_tokens = now_s, 0.0
+        if savable.size == 0:
+            self.rate, self.tau_s = math.inf, math.inf
+            return
+        self.tau_s = float(np.quantile(savable, TAU_QUANTILE))
+        if step_s > self.tau_s:
+            base = self.rate if math.isfinite(self.rate) else admitted_rate
+            self.rate = DECREASE * base if math.isfinite(base) else 0.0
+        elif math.isfinite(self.rate):
+            self.rate = INCREASE * self.rate + 1.0 / max(self.tau_s, 1e-3)
+            if step_s < DECREASE * self.tau_s:
+                self.rate = math.inf
+
+    def allows(self, now_s: float, tokens: int) -> bool:
+        """May a prompt of ``tokens`` start now? (Always when nothing runs.)"""
+        if not math.isfinite(self.rate):
+            return True
+        if self._last_s is not None:
+            burst = max(self.rate * self.tau_s * 10, float(tokens))
+            self._bucket = min(self._bucket + self.rate * (now_s - self._last_s), burst)
+        self._last_s = now_s
+        return self._bucket >= tokens
+
+    def started(self, tokens: int) -> None:
+        self._bucket -= tokens
+        self._started_tokens += tokens

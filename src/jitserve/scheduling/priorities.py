@@ -1,0 +1,264 @@
+"""GMAX's per-request values: margin goodput per unit of engine time, the latest start
+that still earns the full gain, and the tenants' fair-share claims (paper section 4.2,
+DESIGN.md "GMAX scheduler").
+
+For every live request r (vectorised over all of them, O(N)):
+
+- ``t_gen = prefill_left * prefill_s + len_rem * v_token`` with ``len_rem`` the bound;
+- ``t_rem`` = time to the deadline (compound: the stage sub-deadline phi(s) * D);
+  latency requests' timeline is fixed by their TBT, so their gain counts the tokens that
+  can still be on time instead;
+- ``gain`` = what completing r is worth under the objective, discounted softly when r is
+  projected late: ``gain * min(1, t_rem / t_gen) ** penalty``;
+- ``priority = gain / cost`` (cost: the engine time r will take, see below) plus
+  ``delta`` x median priority per frame waited (aging); members of one compound stage
+  share one priority;
+- ``fair``: each tenant's claim, ``share / (share + received)`` with ``received`` its
+  decayed share of service: 1 for a tenant that got nothing, 1/2 at its entitlement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from jitserve.policy import FairnessSettings, Objective, SLOPolicySpec
+from jitserve.requests import LiveProgram, LiveRequest
+from jitserve.slo import LatencySLO
+
+FloatArray = npt.NDArray[np.float64]
+MIN_TIME_S = 1e-3
+DEMOTED_GAIN = 1e-3
+"""A demoted request's gain per token: best effort, after everything with an SLO."""
+
+
+@dataclass(slots=True)
+class Speeds:
+    """The engine's measured speeds at the current load."""
+
+    decode_s: float = 0.03
+    """One decode step (v_token)."""
+    prefill_s: float = 1e-4
+    """Wall time per queued prompt token."""
+    token_s: float = 1e-4
+    """Engine time per batched token (the marginal cost of one more token)."""
+    batch: int = 256
+    slots_bind: bool = False
+    """More live requests than batch slots at the last frame."""
+    z_q: float = 1.645
+    """Standard normal quantile of the length bound's level q."""
+
+
+@dataclass(slots=True)
+class Scores:
+    priority: FloatArray
+    """Goodput per unit of engine time, aged."""
+    latest_start: FloatArray
+    """Latest start (s) that still earns the full gain; the group's sequencing key."""
+    median: float
+    """Median positive priority before aging (the scale of aging and fairness)."""
+    work_s: FloatArray
+    """Engine time the rest of the request takes at the measured per-token cost."""
+    due_s: FloatArray
+    """When its last token is due (deadline, stage sub-deadline, or latency timeline)."""
+    gain: FloatArray
+    """Expected goodput if started now (0: nothing left to earn)."""
+    need_s: FloatArray
+    """Per-token time r needs from now on: its TBT (latency) or time left over typical
+    tokens left (others); infinite when demoted."""
+
+
+def latency_tokens_reachable(
+    first_index: FloatArray,
+    count: FloatArray,
+    start_s: FloatArray,
+    per_token_s: float,
+    due0_s: FloatArray,
+    tbt_s: FloatArray,
+) -> FloatArray:
+    """How many of tokens ``first_index .. first_index+count-1`` would be on time if the
+    request started producing at ``start_s`` with one token per ``per_token_s``.
+
+    Token i is out at ``start + (i - first + 1) * v`` and due at ``due0 + i * tbt``; the
+    lateness changes linearly in i, so the on-time tokens are a prefix or a suffix."""
+    # lateness(i) = start + (i - first + 1) v - due0 - i tbt = c0 + i (v - tbt)
+    c0 = start_s + (1 - first_index) * per_token_s - due0_s
+    slope = per_token_s - tbt_s
+    last = first_index + count - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        crossing = np.where(slope != 0, -c0 / np.where(slope != 0, slope, 1.0), np.inf)
+    # slope < 0: on time for i >= crossing; slope > 0: on time for i <= crossing
+    from_suffix = np.clip(last - np.maximum(np.ceil(crossing - 1e-9), first_index) + 1, 0, count)
+    from_prefix = np.clip(np.minimum(np.floor(crossing + 1e-9), last) - first_index + 1, 0, count)
+    flat = np.where(c0 <= 1e-9, count, 0.0)
+    return np.where(slope < 0, from_suffix, np.where(slope > 0, from_prefix, flat))
+
+
+def normal_cdf(z: FloatArray) -> FloatArray:
+    """Standard normal CDF (Abramowitz and Stegun 7.1.26, error < 1.5e-7)."""
+    x = np.abs(z) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = 1.0 - poly * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
+
+
+def normal_quantile(q: float) -> float:
+    """Inverse standard normal CDF by bisection on :func:`normal_cdf` (called per config)."""
+    low, high = -8.0, 8.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if normal_cdf(np.array([mid]))[0] < q:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def p_within(
+    typical: FloatArray, bound: FloatArray, tokens: FloatArray, z_q: float
+) -> FloatArray:
+    """P(remaining output <= ``tokens``) when the remaining output is log-normal with
+    mean ``typical`` and q-quantile ``bound`` (the estimator's expected length and bound,
+    both what is left after the tokens generated). Equal mean and bound (exact lengths):
+    a step at ``typical``."""
+    gap = np.log(np.maximum(bound, 1.0)) - np.log(np.maximum(typical, 1.0))
+    disc = np.maximum(z_q * z_q - 2.0 * np.maximum(gap, 0.0), 0.0)
+    sigma = np.maximum(z_q - np.sqrt(disc), 1e-3)
+    mu = np.log(np.maximum(typical, 1.0)) - sigma * sigma / 2
+    with np.errstate(divide="ignore"):
+        z = (np.log(np.maximum(tokens, 1e-9)) - mu) / sigma
+    return np.where(tokens <= 0, 0.0, normal_cdf(z))
+
+
+def program_groups(rs: list[LiveRequest]) -> dict[LiveProgram, npt.NDArray[np.intp]]:
+    groups: dict[LiveProgram, list[int]] = defaultdict(list)
+    for i, r in enumerate(rs):
+        if r.program is not None:
+            groups[r.program].append(i)
+    return {lp: np.array(members) for lp, members in groups.items()}
+
+
+def score(
+    rs: list[LiveRequest],
+    now_s: float,
+    speeds: Speeds,
+    spec: SLOPolicySpec,
+    frames_waited: Mapping[LiveRequest, int],
+    demoted: Set[LiveRequest],
+    median_hint: float = 1.0,
+) -> Scores:
+    """Priority and latest start of each of ``rs`` (see the module docstring)."""
+    n = len(rs)
+    if n == 0:
+        empty = np.zeros(0)
+        return Scores(empty, empty, median_hint, empty, empty, empty, empty)
+    v, pf_s = speeds.decode_s, speeds.prefill_s
+    generated = np.empty(n)
+    remaining = np.empty(n)
+    typical = np.empty(n)
+    prefill_left = np.empty(n)
+    prompt = np.empty(n)
+    deadline = np.empty(n)
+    due0 = np.empty(n)
+    tbt = np.empty(n)
+    is_latency = np.zeros(n, dtype=bool)
+    waited = np.empty(n)
+    for i, r in enumerate(rs):
+        req = r.req
+        g = r.generated
+        generated[i] = g
+        remaining[i] = max(r.bound - g, 1)  # the bound: the q-quantile
+        typical[i] = max((r.expected or r.bound) - g, 1)
+        prefill_left[i] = r.prefill_target - r.prefilled
+        prompt[i] = req.prompt_tokens
+        waited[i] = frames_waited.get(r, 0)
+        slo = req.slo
+        if r in demoted:
+            deadline[i] = math.inf
+        elif isinstance(slo, LatencySLO) and r.program is None:
+            is_latency[i] = True
+            due0[i] = req.arrival_s + slo.ttft_s
+            tbt[i] = slo.tbt_s
+        elif r.program is not None:
+            deadline[i] = r.program.stage_deadline_abs_s
+        else:
+            deadline[i] = req.arrival_s + slo.deadline_s  # type: ignore[union-attr]
+    # Cost = share of engine time r will consume: with chunked prefill every prompt and
+    # output token takes one unit of the iteration's token budget (token_s each); a
+    # decode token also holds one of B batch slots for a step (v / B) while slots bind.
+    slot_s = v / speeds.batch if speeds.slots_bind else 0.0
+    cost = prefill_left * speeds.token_s + typical * max(speeds.token_s, slot_s)
+    work_s = (prefill_left + typical) * speeds.token_s
+    penalty = spec.scheduler.soft_penalty
+    tokens_objective = spec.objective is Objective.TOKENS
+    value = prompt + generated + typical if tokens_objective else np.ones(n)
+    lat = np.flatnonzero(is_latency)
+
+    def gain_if_started_in(delay_s: float) -> FloatArray:
+        """Expected goodput if r started ``delay_s`` from now: the chance of finishing in
+        time (decode steps left after the prefill, against the remaining length's
+        distribution) x its tokens; latency: the tokens that would be on time."""
+        steps = (deadline - now_s - delay_s - prefill_left * pf_s) / v
+        gain = value * p_within(typical, remaining, steps, speeds.z_q) ** penalty
+        if lat.size:
+            start = now_s + delay_s + prefill_left[lat] * pf_s
+            ontime = latency_tokens_reachable(
+                generated[lat], typical[lat], start, v, due0[lat], tbt[lat]
+            )
+            gain[lat] = ontime if tokens_objective else (ontime >= typical[lat])
+        return gain
+
+    gain = gain_if_started_in(0.0)
+    latest_start = deadline - (prefill_left * pf_s + typical * v)
+    due = deadline.copy()
+    if lat.size:
+        latest_start[lat] = due0[lat] + generated[lat] * tbt[lat] - (prefill_left[lat] + 1) * pf_s
+        due[lat] = due0[lat] + (generated[lat] + typical[lat] - 1) * tbt[lat]
+    demoted_mask = ~np.isfinite(deadline) & ~is_latency
+    gain[demoted_mask] = DEMOTED_GAIN * (prompt[demoted_mask] + typical[demoted_mask])
+    for lp, idx in program_groups(rs).items():
+        # One priority per compound stage: the stage's gain over the stage's cost, the
+        # gain being the program's: what the stages done so far cost is sunk, so finishing
+        # a program that is a share phi(s-1) done earns 1 / (1 - phi(s-1)) times more per
+        # unit of the engine time still to spend.
+        sunk = 1.0 / max(1.0 - lp.prev_stage_share, 0.05)
+        gain[idx] = gain[idx].sum() / idx.size * sunk
+        cost[idx] = cost[idx].sum() / idx.size
+        latest_start[idx] = latest_start[idx].min()
+    cost = np.maximum(cost, 1e-9)
+    priority = gain / cost
+    positive = priority[priority > 0]
+    # one arrival scored alone keeps the frame's median (the scale of aging)
+    median = float(np.median(positive)) if n > 1 and positive.size else median_hint
+    if spec.scheduler.mechanisms.aging:
+        priority += spec.scheduler.delta * median * waited
+    need = (deadline - now_s - prefill_left * pf_s) / typical
+    if lat.size:
+        need[lat] = tbt[lat]
+    return Scores(priority, latest_start, median, work_s, due, gain, need)
+
+
+def fair_claims(
+    tenants: list[str], service: Mapping[str, float], fairness: FairnessSettings
+) -> dict[str, float]:
+    """Each tenant's claim in (0, 1]: ``share / (share + received)``, where ``share`` is
+    its weight over the live tenants' weights and ``received`` its share of the decayed
+    service; a tenant at its entitlement gets 1/2, one that received nothing gets 1."""
+    live = set(tenants)
+    weights = {t: fairness.weight_of(t) for t in live}
+    weight_sum = sum(weights.values()) or 1.0
+    total = sum(service.get(t, 0.0) for t in live)
+    claims = {}
+    for t in live:
+        share = weights[t] / weight_sum
+        received = service.get(t, 0.0) / total if total > 0 else share
+        claims[t] = share / (share + received)
+    return claims

@@ -1,0 +1,73 @@
+"""When a request must start, or produce its next token, to still meet its SLO.
+
+Pure functions of a request's state and the engine's measured speeds, shared by every
+policy and by overload control so that "too late" means the same thing everywhere:
+
+- ``next_token_due_s``: when the next token is due (latency) or the deadline (others);
+- ``deadline_s``: the deadline a scheduler works toward (compound: the current stage's
+  sub-deadline ``phi(s) * D``; latency: none);
+- ``latest_start_s``: the latest moment the request can start its (re)prefill and still
+  earn its full gain, given its typical remaining length;
+- ``out_of_reach``: the deadline cannot be met even if the request ran alone at full
+  speed from now (its remaining prefill and one decode step): provably lost.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jitserve.requests import LiveRequest
+from jitserve.slo import LatencySLO
+
+
+def is_latency(r: LiveRequest) -> bool:
+    """A single latency request (a compound program's calls count toward its deadline)."""
+    return isinstance(r.req.slo, LatencySLO) and r.program is None
+
+
+def next_token_due_s(r: LiveRequest) -> float:
+    """When the request's next token is due (latency) or its deadline (others)."""
+    slo = r.req.slo
+    if isinstance(slo, LatencySLO) and r.program is None:
+        return r.req.arrival_s + slo.ttft_s + r.generated * slo.tbt_s
+    if r.program is not None:
+        return r.program.deadline_abs_s
+    return r.deadline_abs_s
+
+
+def deadline_s(r: LiveRequest) -> float:
+    """The deadline a scheduler plans toward: the stage sub-deadline for a compound call,
+    the request's deadline otherwise, infinity for latency requests (a timeline)."""
+    if r.program is not None:
+        return r.program.stage_deadline_abs_s
+    if is_latency(r):
+        return math.inf
+    return r.deadline_abs_s
+
+
+def typical_remaining(r: LiveRequest) -> float:
+    """Typical output tokens still to come (the estimator's expected length, else bound)."""
+    return max((r.expected or r.bound) - r.generated, 1)
+
+
+def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
+    """Latest start of the (re)prefill that still earns the full gain: the first token
+    due time less the prefill (latency), or the deadline less prefill and typical decode."""
+    prefill_left = r.prefill_target - r.prefilled
+    if is_latency(r):
+        slo = r.req.slo
+        assert isinstance(slo, LatencySLO)
+        due = r.req.arrival_s + slo.ttft_s + r.generated * slo.tbt_s
+        return due - (prefill_left + 1) * prefill_s
+    return deadline_s(r) - (prefill_left * prefill_s + typical_remaining(r) * decode_s)
+
+
+def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
+    """The deadline cannot be met even if ``r`` ran alone at full speed from now: its
+    remaining prefill plus one decode step. Latency requests are never out of reach as a
+    whole (later tokens can still be on time)."""
+    if is_latency(r):
+        return False
+    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
+    fastest = (r.prefill_target - r.prefilled) * prefill_s + decode_s
+    return now_s + fastest > deadline
