@@ -1,8 +1,16 @@
 """Batch-latency model of one engine iteration, with coefficients from profile files.
 
-``t = a0 + a1*P + a2*sum(c*(k + c/2)) + a3*D + a4*sum(k_dec) + a5*n``: P prefill tokens
-in chunks c over cached context k; D decoding sequences with contexts k_dec; n sequences.
-Profiles are data (``sim/profiles/*.json``): adding a GPU or model is adding a file.
+``t = max(a0 + a3*T, a6 + a1*T) + a2*sum(c*(k + c/2)) + a4*sum(k_dec) + a5*n``, where
+T = P + D tokens pass through the linear layers (P prefill tokens in chunks c over cached
+context k, D decoding sequences with contexts k_dec) and n sequences are in the batch.
+The first branch is the memory-bound regime (weights read once, small batches), the
+second the compute-bound one (a1 per token); a2 is prefill attention, a4 the KV read of
+decode attention, a5 the per-sequence LM head. A decode-only batch (T = D <= max_running)
+stays on the first branch, so its step is ``a0 + (a3 + a5)*D + a4*sum(k_dec)``: the
+closed form the engine advances decode stretches with.
+
+Profiles are data (``sim/profiles/*.json``, fitted by :mod:`jitserve.sim.calibrate`):
+adding a GPU or model is adding a file.
 """
 
 from __future__ import annotations
@@ -20,16 +28,28 @@ class Profile(BaseModel):
     name: str
     description: str = ""
     a0_s: float = Field(ge=0)
+    """Memory-bound floor of an iteration (weights read once)."""
     a1_s_per_prefill_token: float = Field(ge=0)
+    """Compute-bound slope of the linear layers, per token in the batch."""
     a2_s_per_attention_pair: float = Field(ge=0)
     a3_s_per_decode_seq: float = Field(ge=0)
+    """Memory-bound slope of the linear layers, per token in the batch (a decoder is one)."""
     a4_s_per_context_token: float = Field(ge=0)
     a5_s_per_seq: float = Field(ge=0)
+    a6_s_compute_intercept: float = Field(0.0, ge=0)
+    """Intercept of the compute-bound branch; 0 with a3 = a1 gives one straight line."""
     kv_capacity_tokens: int = Field(gt=0)
     kv_block_tokens: int = Field(16, gt=0)
     max_running: int = Field(256, gt=0)
-    chunk_token_budget: int = Field(1024, gt=0)
+    chunk_token_budget: int = Field(2048, gt=0)
     prefill_first_token_budget: int = Field(8192, gt=0)
+
+    def linear_s(self, batch_tokens: int) -> float:
+        """Time of the non-attention layers for ``batch_tokens`` tokens in the batch."""
+        return max(
+            self.a0_s + self.a3_s_per_decode_seq * batch_tokens,
+            self.a6_s_compute_intercept + self.a1_s_per_prefill_token * batch_tokens,
+        )
 
     def step_s(
         self,
@@ -40,20 +60,28 @@ class Profile(BaseModel):
         sequences: int,
     ) -> float:
         return (
-            self.a0_s
-            + self.a1_s_per_prefill_token * prefill_tokens
+            self.linear_s(prefill_tokens + decoders)
             + self.a2_s_per_attention_pair * attention_pairs
-            + self.a3_s_per_decode_seq * decoders
             + self.a4_s_per_context_token * decode_context
             + self.a5_s_per_seq * sequences
         )
 
     def prefill_s(self, tokens: int) -> float:
-        """Time to (re)compute ``tokens`` of context in one go: the stall a recompute
-        preemption costs when the request comes back."""
+        """Marginal time to (re)compute ``tokens`` of context inside full batches: the
+        stall a recompute preemption costs when the request comes back."""
         return (
             self.a1_s_per_prefill_token * tokens
             + self.a2_s_per_attention_pair * tokens * tokens / 2
+        )
+
+    def decode_stays_memory_bound(self) -> bool:
+        """True when every decode-only batch the engine can form is on the first branch,
+        which the engine's closed-form decode stretches assume (both branches are
+        straight lines, so checking the two ends suffices)."""
+        return all(
+            self.a0_s + self.a3_s_per_decode_seq * d
+            >= self.a6_s_compute_intercept + self.a1_s_per_prefill_token * d
+            for d in (1, self.max_running)
         )
 
 
