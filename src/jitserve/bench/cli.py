@@ -1,9 +1,9 @@
 """``jitserve bench``: replay workloads through every policy in the simulator.
 
-Who owns what: this module parses the command line, expands the run matrix (policy x
-load x seed), runs each cell in a worker process (:func:`run_one`, pure apart from its
-return value), and hands the rows to :mod:`jitserve.bench.report` for the table, the JSON
-and the plots. The scheduler micro-benchmark (``--micro``) times one GMAX frame.
+Who owns what: this module parses the command line and expands the runs (policy x load
+x seed) into cells for :mod:`jitserve.bench.runner`, then hands the rows to
+:mod:`jitserve.bench.report` for the table, the JSON and the plots. ``--matrix`` runs
+the scenario matrix (:mod:`jitserve.bench.matrix`); ``--micro`` times one GMAX frame.
 """
 
 from __future__ import annotations
@@ -11,25 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
-import tracemalloc
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from jitserve.bench.capacity import measure_capacity
-from jitserve.bench.variants import make_setup, policy_names
+from jitserve.bench.runner import (
+    Cell,
+    cell_profile,
+    check_policy,
+    default_policies,
+    known_policies,
+    run_cells,
+)
 from jitserve.errors import CLIError
-from jitserve.goodput import GoodputLedger
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
-from jitserve.sim.cluster import run_cluster
-from jitserve.sim.engine import Engine, EngineStats
-from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles, load_profile
-from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, generate, parse_mix
+from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
+from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, parse_mix, parse_tenant_mix
 
 WORKLOAD_MIXES = {
     "mixed": None,
@@ -37,83 +35,7 @@ WORKLOAD_MIXES = {
     "deadline": (0.0, 1.0, 0.0),
     "compound": (0.0, 0.0, 1.0),
 }
-DEFAULT_POLICIES = "gmax,fcfs,sarathi,edf,lsf,sjf,plas,gmax-exact"
-
-
-@dataclass(frozen=True)
-class Cell:
-    policy: str
-    load: float
-    seed: int
-    workload: WorkloadSpec
-    capacity_per_s: float
-    profile: str
-    spec: SLOPolicySpec
-    track_memory: bool = False
-    replicas: int = 1
-
-
-def run_one(cell: Cell) -> dict[str, Any]:
-    """Simulate one (policy, load, seed) cell and return its row of results."""
-    profile = load_profile(cell.profile)
-    ledger = GoodputLedger()
-    engines = []
-    for replica in range(cell.replicas):
-        setup = make_setup(cell.policy, cell.spec, seed=cell.seed * 1000 + replica)
-        engines.append(
-            Engine(
-                profile,
-                setup.policy,
-                setup.estimator,
-                setup.stage_share,
-                ledger=ledger,
-                refine_every=cell.spec.scheduler.refine_every,
-            )
-        )
-    rate = cell.load * cell.capacity_per_s * cell.replicas
-    workload = replace(cell.workload, rate_per_s=rate, seed=cell.seed)
-    if cell.track_memory:
-        tracemalloc.start()
-    started, cpu_started = time.perf_counter(), time.process_time()
-    run_cluster(engines, generate(workload))
-    wall_s = time.perf_counter() - started
-    cpu_s = time.process_time() - cpu_started
-    peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
-    if cell.track_memory:
-        tracemalloc.stop()
-    duration = workload.duration_s
-    stats = EngineStats()
-    for engine in engines:
-        stats.merge(engine.stats)
-    return {
-        "policy": cell.policy,
-        "load": cell.load,
-        "seed": cell.seed,
-        "requests": ledger.overall.requests,
-        "token_goodput": ledger.overall.goodput_tokens / duration,
-        "request_goodput": ledger.overall.met / duration,
-        "attainment": {k: v for k, v in ledger.attainment().items()},
-        "goodput_tokens_by_kind": {k.value: t.goodput_tokens for k, t in ledger.by_kind.items()},
-        "attainment_by_tenant": {k: t.attainment for k, t in sorted(ledger.by_tenant.items())},
-        "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
-        / max(stats.busy_s, 1e-9),
-        "output_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),
-        "ttft_s": {"p50": ledger.ttft.percentile(50), "p99": ledger.ttft.percentile(99)},
-        "tbt_s": {"p50": ledger.tbt.percentile(50), "p99": ledger.tbt.percentile(99)},
-        "e2el_s": {"p50": ledger.e2el.percentile(50), "p99": ledger.e2el.percentile(99)},
-        "preemptions": stats.preemptions,
-        "kv_preemptions": stats.kv_preemptions,
-        "retired": stats.retired,
-        "sched_ms_p50": stats.frame_seconds.percentile(50) * 1e3,
-        "sched_ms_p99": stats.frame_seconds.percentile(99) * 1e3,
-        "frames": stats.frames,
-        "sim_end_s": max(e.now for e in engines),
-        "replicas": cell.replicas,
-        "wall_s": wall_s,
-        "cpu_s": cpu_s,
-        "peak_memory_bytes": peak_bytes,
-        "effective": engines[0].policy.describe(),
-    }
+LIVE_POLICIES = "gmax,fcfs,sarathi,edf,lsf,sjf,plas"
 
 
 def register(subparsers: Any) -> None:
@@ -157,14 +79,37 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
     parser.add_argument(
         "--policies",
-        default=DEFAULT_POLICIES,
-        help=f"comma-separated; known: {', '.join(policy_names())}",
+        help="comma-separated (default: gmax, every baseline, gmax with exact lengths and "
+        f"the upper bound); known: {', '.join(known_policies())}",
     )
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     parser.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
         help=f"engine profile name ({', '.join(available_profiles())}) or JSON path",
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="engine token budget per iteration (vLLM max_num_batched_tokens); default: the "
+        "profile's (2048, vLLM v1 on an A100)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="engine batch slots B (vLLM max_num_seqs); default: the profile's (256)",
+    )
+    parser.add_argument(
+        "--tenant-mix",
+        metavar="NAME=W,...",
+        help="skewed tenant demand, e.g. a=3,b=1,c=1 (share of work items per tenant); the "
+        "fair-share weights come from --config's fairness section",
+    )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="run the scenario matrix (loads x mixes x traces x budgets x tenant skew; "
+        "docs/benchmarks.md) and write matrix.md, matrix.json and a heatmap to --out",
     )
     parser.add_argument(
         "--replicas",
@@ -236,7 +181,7 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from jitserve.bench import micro, report
+    from jitserve.bench import matrix, micro
 
     if args.micro:
         micro.main()
@@ -247,16 +192,16 @@ def main(args: argparse.Namespace) -> int:
         spec = load_policy_file(args.config) if args.config else SLOPolicySpec()
     except PolicyError as err:
         raise CLIError(str(err)) from err
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for name in policies:
-        try:
-            make_setup(name, spec)
-        except ValueError as err:
-            raise CLIError(str(err)) from err
-    loads = _floats(args.load, "load")
-    seeds = [int(s) for s in _floats(args.seeds, "seeds")]
+    if args.matrix:
+        return matrix.main(spec, Path(args.out), args.jobs, args.profile)
+    policies = [p.strip() for p in (args.policies or ",".join(default_policies())).split(",")]
+    policies = [p for p in policies if p]
+    overrides = _profile_overrides(args)
     try:
+        for name in policies:
+            check_policy(name, spec)
         mix = WORKLOAD_MIXES[args.workload] or parse_mix(args.mix)
+        tenants = parse_tenant_mix(args.tenant_mix) if args.tenant_mix else None
         workload = WorkloadSpec(
             trace=args.trace,
             mix=mix,
@@ -264,30 +209,44 @@ def main(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             slo=spec.slo_defaults,
         )
-        profile = load_profile(args.profile)
+        if tenants:
+            workload = replace(workload, tenants=tenants[0], tenant_demand=tenants[1])
+        profile = cell_profile(args.profile, overrides)
     except ValueError as err:
         raise CLIError(str(err)) from err
+    loads = _floats(args.load, "load")
+    seeds = [int(s) for s in _floats(args.seeds, "seeds")]
+    if args.replicas < 1:
+        raise CLIError(f"--replicas must be >= 1, got {args.replicas}")
     print(
-        f"measuring capacity of profile {profile.name} on {args.trace} ({args.workload})...",
+        f"measuring capacity of profile {profile.name} (budget {profile.chunk_token_budget}, "
+        f"{profile.max_running} sequences) on {args.trace} ({args.workload})...",
         flush=True,
     )
     capacity = measure_capacity(profile, workload)
     print(f"capacity: {capacity:.3f} work items/s (load 1.0)", flush=True)
-    if args.replicas < 1:
-        raise CLIError(f"--replicas must be >= 1, got {args.replicas}")
     if args.rate is not None:
         if args.rate <= 0:
             raise CLIError(f"--rate must be positive, got {args.rate}")
         loads = [args.rate / (capacity * args.replicas)]
     cells = [
-        Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory, args.replicas)
+        Cell(
+            p,
+            load,
+            seed,
+            workload,
+            capacity,
+            args.profile,
+            spec,
+            args.memory,
+            args.replicas,
+            overrides,
+        )
         for load in loads
         for p in policies
         for seed in seeds
     ]
-    rows = _run_cells(cells, args.jobs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    rows = run_cells(cells, args.jobs)
     meta = {
         "workload": args.workload,
         "mix": list(mix),
@@ -295,24 +254,50 @@ def main(args: argparse.Namespace) -> int:
         "arrival": args.arrival,
         "duration_s": args.duration,
         "profile": profile.name,
+        "chunk_token_budget": profile.chunk_token_budget,
+        "max_running": profile.max_running,
+        "tenant_mix": args.tenant_mix,
         "capacity_items_per_s": capacity,
         "policies": policies,
         "loads": loads,
         "seeds": seeds,
     }
+    _write(Path(args.out), meta, rows)
+    return 0
+
+
+def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    overrides = []
+    for value, field, flag in (
+        (args.budget, "chunk_token_budget", "--budget"),
+        (args.max_num_seqs, "max_running", "--max-num-seqs"),
+    ):
+        if value is not None:
+            if value < 1:
+                raise CLIError(f"{flag} must be >= 1, got {value}")
+            overrides.append((field, value))
+    return tuple(overrides)
+
+
+def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    from jitserve.bench import report
+
+    out.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(rows)
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2)
     )
-    (out / "report.md").write_text(report.markdown(summary) + "\n")
+    (out / "report.md").write_text(
+        report.markdown(summary) + "\n\n" + report.ratios_markdown(summary) + "\n"
+    )
     print(report.table(summary))
+    print(report.ratios_markdown(summary))
     try:
         for path in report.plots(summary, out):
             print(f"wrote {path}")
     except ImportError as err:
         print(f"plots skipped: {err.name} is not installed (pip install 'jitserve[bench]')")
     print(f"wrote {out / 'results.json'}")
-    return 0
 
 
 def _live(args: argparse.Namespace) -> int:
@@ -344,7 +329,7 @@ def _live(args: argparse.Namespace) -> int:
             rate=args.rate or 2.0, rounds=args.live_rounds, carrier=args.live_slo,
             seed=int(args.seeds.split(",")[0]), mix=args.mix, trace=args.trace,
             prompt_tokens=args.live_prompt, output_tokens=args.live_output, out_dir=out)
-    live_policies = args.policies if args.live_policy_file else None
+    live_policies = (args.policies or LIVE_POLICIES) if args.live_policy_file else None
     return live.bench_live_main(
         argparse.Namespace(
             url=args.live,
@@ -363,22 +348,3 @@ def _live(args: argparse.Namespace) -> int:
             markdown=True,
         )
     )
-
-
-def _run_cells(cells: list[Cell], jobs: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with tqdm(total=len(cells), desc="simulating", unit="run") as bar:
-        if jobs <= 1 or len(cells) == 1:
-            for cell in cells:
-                rows.append(run_one(cell))
-                bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                for row in pool.map(run_one, cells):
-                    rows.append(row)
-                    bar.update()
-    return rows
-
-
-def mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")

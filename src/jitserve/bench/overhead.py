@@ -46,22 +46,29 @@ class TokenSource:
         self.emit = emit
         self._rng = random.Random(0)
         self.app = web.Application()
-        self.app.add_routes([
-            web.get("/health", self.health), web.get("/v1/models", self.models),
-            web.post("/tokenize", self.tokenize), web.post("/v1/completions", self.completions)])
+        self.app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/v1/models", self.models),
+                web.post("/tokenize", self.tokenize),
+                web.post("/v1/completions", self.completions),
+            ]
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "token-source",
-                                                               "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "token-source", "object": "model"}]}
+        )
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         n = max(1, len(str(body.get("prompt", ""))) // 4)
-        return web.json_response({"tokens": list(range(5, 5 + n)), "count": n,
-                                  "max_model_len": 1 << 20})
+        return web.json_response(
+            {"tokens": list(range(5, 5 + n)), "count": n, "max_model_len": 1 << 20}
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -82,29 +89,41 @@ class TokenSource:
             stamp = time.monotonic_ns()
             await resp.write(
                 f'data: {head}, "choices": [{{"index": 0, "text": "{stamp}", '
-                f'"token_ids": [{7 + i % 500}], "finish_reason": {finish}}}]}}\n\n'.encode())
+                f'"token_ids": [{7 + i % 500}], "finish_reason": {finish}}}]}}\n\n'.encode()
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
 
 def run_token_source(port: int, interval_s: float, emit: str = "step") -> None:
-    web.run_app(TokenSource(interval_s, emit).app, host="127.0.0.1", port=port, print=None,
-                access_log=None)
+    web.run_app(
+        TokenSource(interval_s, emit).app, host="127.0.0.1", port=port, print=None, access_log=None
+    )
 
 
-async def _measure(url: str, streams: int, tokens: int, path: str = "/v1/completions",
-                   ) -> tuple[list[float], int]:
+async def _measure(
+    url: str,
+    streams: int,
+    tokens: int,
+    path: str = "/v1/completions",
+) -> tuple[list[float], int]:
     """Per-token latency (ms): client receive time - source emission time."""
     latencies: list[float] = []
     bad = 0
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+    ) as session:
+
         async def one(i: int) -> None:
             nonlocal bad
-            body = {"prompt": [11, 12, 13, i % 100 + 14], "max_tokens": tokens, "stream": True,
-                    "slo": {"kind": "latency", "ttft_ms": 5000, "tbt_ms": 1000}}
+            body = {
+                "prompt": [11, 12, 13, i % 100 + 14],
+                "max_tokens": tokens,
+                "stream": True,
+                "slo": {"kind": "latency", "ttft_ms": 5000, "tbt_ms": 1000},
+            }
             async with session.post(url + path, json=body) as resp:
                 if resp.status != 200:
                     bad += 1
@@ -131,12 +150,20 @@ def _pcts(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": math.nan, "p99": math.nan, "mean": math.nan}
     arr = np.asarray(values)
-    return {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)),
-            "mean": float(statistics.fmean(values))}
+    return {
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+        "mean": float(statistics.fmean(values)),
+    }
 
 
-def measure_proxy_overhead(streams: int = 100, tokens: int = 100, interval_s: float = 0.03,
-                           policy: str = "gmax", emit: str = "step") -> dict[str, Any]:
+def measure_proxy_overhead(
+    streams: int = 100,
+    tokens: int = 100,
+    interval_s: float = 0.03,
+    policy: str = "gmax",
+    emit: str = "step",
+) -> dict[str, Any]:
     """Start a token source and a sidecar (each its own process) on loopback, measure
     per-token latency directly and through the sidecar, stop both; returns the figures."""
     from jitserve.devstack.vllm import free_port, start_process, stop_process, wait_http_ok
@@ -145,13 +172,40 @@ def measure_proxy_overhead(streams: int = 100, tokens: int = 100, interval_s: fl
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "policy.yaml"
         config.write_text(f"scheduler:\n  policy: {policy}\n")
-        source = start_process([sys.executable, "-m", "jitserve.bench.overhead", "token-source",
-                                str(source_port), str(interval_s), emit], None)
-        sidecar = start_process([
-            sys.executable, "-m", "jitserve.cli", "sidecar", "serve",
-            "--backend", f"http://127.0.0.1:{source_port}", "--host", "127.0.0.1",
-            "--port", str(sidecar_port), "--max-running", str(max(streams, 1) * 2),
-            "--config", str(config), "--log-level", "WARNING"], None)
+        source = start_process(
+            [
+                sys.executable,
+                "-m",
+                "jitserve.bench.overhead",
+                "token-source",
+                str(source_port),
+                str(interval_s),
+                emit,
+            ],
+            None,
+        )
+        sidecar = start_process(
+            [
+                sys.executable,
+                "-m",
+                "jitserve.cli",
+                "sidecar",
+                "serve",
+                "--backend",
+                f"http://127.0.0.1:{source_port}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(sidecar_port),
+                "--max-running",
+                str(max(streams, 1) * 2),
+                "--config",
+                str(config),
+                "--log-level",
+                "WARNING",
+            ],
+            None,
+        )
         try:
             if not wait_http_ok(f"http://127.0.0.1:{source_port}/health", 30, source):
                 raise RuntimeError("the token source did not start")
@@ -159,19 +213,29 @@ def measure_proxy_overhead(streams: int = 100, tokens: int = 100, interval_s: fl
                 raise RuntimeError("the sidecar did not become ready")
             asyncio.run(_measure(f"http://127.0.0.1:{source_port}", 4, 5))  # warm-up
             asyncio.run(_measure(f"http://127.0.0.1:{sidecar_port}", 4, 5))
-            direct, bad_direct = asyncio.run(_measure(f"http://127.0.0.1:{source_port}",
-                                                      streams, tokens))
-            proxied, bad_proxied = asyncio.run(_measure(f"http://127.0.0.1:{sidecar_port}",
-                                                        streams, tokens))
+            direct, bad_direct = asyncio.run(
+                _measure(f"http://127.0.0.1:{source_port}", streams, tokens)
+            )
+            proxied, bad_proxied = asyncio.run(
+                _measure(f"http://127.0.0.1:{sidecar_port}", streams, tokens)
+            )
         finally:
             stop_process(sidecar)
             stop_process(source)
     d, p = _pcts(direct), _pcts(proxied)
     return {
-        "streams": streams, "tokens_per_stream": tokens, "interval_ms": interval_s * 1000,
-        "policy": policy, "emit": emit, "direct_ms": d, "through_sidecar_ms": p,
-        "added_ms": {"p50": p["p50"] - d["p50"], "p99": p["p99"] - d["p99"],
-                     "mean": p["mean"] - d["mean"]},
+        "streams": streams,
+        "tokens_per_stream": tokens,
+        "interval_ms": interval_s * 1000,
+        "policy": policy,
+        "emit": emit,
+        "direct_ms": d,
+        "through_sidecar_ms": p,
+        "added_ms": {
+            "p50": p["p50"] - d["p50"],
+            "p99": p["p99"] - d["p99"],
+            "mean": p["mean"] - d["mean"],
+        },
         "tokens_measured": {"direct": len(direct), "through_sidecar": len(proxied)},
         "incomplete_streams": {"direct": bad_direct, "through_sidecar": bad_proxied},
     }
@@ -182,18 +246,25 @@ def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=100, help="tokens per stream")
     p.add_argument("--interval-ms", type=float, default=30.0, help="token interval per stream")
     p.add_argument("--policy", default="gmax")
-    p.add_argument("--emit", choices=EMIT_MODES, default="step",
-                   help="step: all streams emit on the same ticks; spread: random phases")
+    p.add_argument(
+        "--emit",
+        choices=EMIT_MODES,
+        default="step",
+        help="step: all streams emit on the same ticks; spread: random phases",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
 
 
 def proxy_overhead_main(args: argparse.Namespace) -> int:
-    result = measure_proxy_overhead(args.streams, args.tokens, args.interval_ms / 1000, args.policy,
-                                    args.emit)
+    result = measure_proxy_overhead(
+        args.streams, args.tokens, args.interval_ms / 1000, args.policy, args.emit
+    )
     d, p, a = result["direct_ms"], result["through_sidecar_ms"], result["added_ms"]
-    print(f"{result['streams']} concurrent streams x {result['tokens_per_stream']} tokens, "
-          f"one token per {result['interval_ms']:.0f} ms per stream ({result['emit']}), "
-          f"policy {result['policy']}")
+    print(
+        f"{result['streams']} concurrent streams x {result['tokens_per_stream']} tokens, "
+        f"one token per {result['interval_ms']:.0f} ms per stream ({result['emit']}), "
+        f"policy {result['policy']}"
+    )
     print(f"{'per-token latency (ms)':<26} {'p50':>8} {'p99':>8} {'mean':>8}")
     print(f"{'direct to the source':<26} {d['p50']:>8.3f} {d['p99']:>8.3f} {d['mean']:>8.3f}")
     print(f"{'through the sidecar':<26} {p['p50']:>8.3f} {p['p99']:>8.3f} {p['mean']:>8.3f}")
@@ -218,6 +289,8 @@ if __name__ == "__main__":
     if len(sys.argv) in (4, 5) and sys.argv[1] == "token-source":
         run_token_source(int(sys.argv[2]), float(sys.argv[3]), *sys.argv[4:5])
     else:
-        print("usage: python -m jitserve.bench.overhead token-source PORT INTERVAL_S [EMIT]",
-              file=sys.stderr)
+        print(
+            "usage: python -m jitserve.bench.overhead token-source PORT INTERVAL_S [EMIT]",
+            file=sys.stderr,
+        )
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""Bench results: average over seeds, print the table, draw the plots."""
+"""Bench results: average over seeds, print the table and the GMAX ratios, draw the plots."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("latency", "deadline", "compound", "overall")
+UPPER_BOUND = "upper-bound"
+EXACT_NAMES = ("gmax-exact", "oracle")
 
 
 def _mean(values: list[float]) -> float:
@@ -17,13 +19,18 @@ def _mean(values: list[float]) -> float:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (policy, load): every metric averaged over seeds."""
-    cells: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    """One entry per (scenario, policy, load): every metric averaged over seeds."""
+    cells: dict[tuple[str, str, float], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        cells[(row["policy"], row["load"])].append(row)
+        cells[(row.get("scenario", ""), row["policy"], row["load"])].append(row)
     summary = []
-    for (policy, load), group in cells.items():
-        entry: dict[str, Any] = {"policy": policy, "load": load, "seeds": len(group)}
+    for (scenario, policy, load), group in cells.items():
+        entry: dict[str, Any] = {
+            "scenario": scenario,
+            "policy": policy,
+            "load": load,
+            "seeds": len(group),
+        }
         for key in (
             "token_goodput",
             "request_goodput",
@@ -40,34 +47,119 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for metric in ("ttft_s", "tbt_s", "e2el_s"):
             entry[metric] = {q: _mean([r[metric][q] for r in group]) for q in ("p50", "p99")}
+        tenants = sorted({t for r in group for t in r.get("goodput_tokens_by_tenant", {})})
+        entry["goodput_tokens_by_tenant"] = {
+            t: _mean([r["goodput_tokens_by_tenant"].get(t, 0) for r in group]) for t in tenants
+        }
         summary.append(entry)
     return summary
 
 
+def best_baseline(names: set[str]) -> tuple[list[str], str]:
+    """The baselines GMAX's headline is against: those with overload control (``-ac``)
+    when the bench has them, else the raw ones; and how to call them in a table."""
+    controlled = sorted(n for n in names if n.endswith("-ac"))
+    if controlled:
+        return controlled, "best -ac baseline"
+    raw = sorted(
+        n for n in names if not n.startswith("gmax") and n not in (*EXACT_NAMES, UPPER_BOUND)
+    )
+    return raw, "best baseline (no -ac variants in this run)"
+
+
+def ratios(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (scenario, load): GMAX's token and request goodput over the best baseline's
+    (each metric's own best) and over the upper bound."""
+    by = {(e["scenario"], e["load"], e["policy"]): e for e in summary}
+    names = {e["policy"] for e in summary}
+    baselines, label = best_baseline(names)
+    out = []
+    for scenario, load in sorted({(e["scenario"], e["load"]) for e in summary}):
+        gmax = by.get((scenario, load, "gmax"))
+        if gmax is None:
+            continue
+        entry: dict[str, Any] = {"scenario": scenario, "load": load, "baselines": label}
+        for metric in ("token_goodput", "request_goodput"):
+            present = [by[(scenario, load, b)] for b in baselines if (scenario, load, b) in by]
+            if present:
+                best = max(present, key=lambda e: e[metric])
+                entry[f"{metric}_best_baseline"] = best["policy"]
+                entry[f"{metric}_vs_baseline"] = _ratio(gmax[metric], best[metric])
+            bound = by.get((scenario, load, UPPER_BOUND))
+            if bound is not None:
+                entry[f"{metric}_vs_bound"] = _ratio(gmax[metric], bound[metric])
+        out.append(entry)
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def ratios_markdown(summary: list[dict[str, Any]]) -> str:
+    return ratios_markdown_rows(ratios(summary))
+
+
+def ratios_markdown_rows(rows: list[dict[str, Any]]) -> str:
+    """The :func:`ratios` rows as a Markdown table."""
+    if not rows:
+        return ""
+    label = rows[0]["baselines"]
+    lines = [
+        f"| scenario | load | GMAX / {label} (tokens) | (requests) | GMAX / upper-bound "
+        "(tokens) | (requests) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r["scenario"] or "-", f"{r['load']:.2f}"]
+        for metric in ("token_goodput", "request_goodput"):
+            value = r.get(f"{metric}_vs_baseline", math.nan)
+            who = r.get(f"{metric}_best_baseline", "")
+            cells.append(f"{_num(value, '.3f')} ({who})" if who else "-")
+        for metric in ("token_goodput", "request_goodput"):
+            cells.append(_num(r.get(f"{metric}_vs_bound", math.nan), ".3f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _num(value: float | None, fmt: str, width: int = 0) -> str:
+    """A number, or "-" where there is none (e.g. the upper bound's latencies)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{'-':>{width}}"
+    return f"{value:>{width}{fmt}}"
+
+
 def table(summary: list[dict[str, Any]]) -> str:
     header = (
-        f"{'load':>5} {'policy':<10} {'tok_gp/s':>9} {'req_gp/s':>8} {'att_L':>6} {'att_D':>6} "
+        f"{'load':>5} {'policy':<12} {'tok_gp/s':>9} {'req_gp/s':>8} {'att_L':>6} {'att_D':>6} "
         f"{'att_C':>6} {'att':>6} {'ttft50':>7} {'ttft99':>7} {'tbt50':>6} {'tbt99':>6} "
         f"{'e2e50':>6} {'e2e99':>6} {'tok/s':>7} {'preempt':>7} {'retired':>7} {'sch_ms99':>8}"
     )
-    lines = [header, "-" * len(header)]
-    for e in sorted(summary, key=lambda e: (e["load"], -e["token_goodput"])):
-        a = e["attainment"]
-        lines.append(
-            f"{e['load']:>5.2f} {e['policy']:<10} {e['token_goodput']:>9.0f} "
-            f"{e['request_goodput']:>8.3f} {a['latency']:>6.3f} {a['deadline']:>6.3f} "
-            f"{a['compound']:>6.3f} {a['overall']:>6.3f} "
-            f"{e['ttft_s']['p50']:>7.2f} {e['ttft_s']['p99']:>7.2f} {e['tbt_s']['p50']:>6.3f} "
-            f"{e['tbt_s']['p99']:>6.3f} {e['e2el_s']['p50']:>6.1f} {e['e2el_s']['p99']:>6.1f} "
-            f"{e['throughput_tokens_per_s']:>7.0f} {e['preemptions']:>7.0f} {e['retired']:>7.0f} "
-            f"{e['sched_ms_p99']:>8.2f}"
-        )
+    lines = []
+    for scenario in sorted({e["scenario"] for e in summary}):
+        if scenario:
+            lines.append(f"scenario: {scenario}")
+        lines.extend([header, "-" * len(header)])
+        picked = [e for e in summary if e["scenario"] == scenario]
+        for e in sorted(picked, key=lambda e: (e["load"], -e["token_goodput"])):
+            a = e["attainment"]
+            lines.append(
+                f"{e['load']:>5.2f} {e['policy']:<12} {e['token_goodput']:>9.0f} "
+                f"{e['request_goodput']:>8.3f} "
+                + " ".join(_num(a.get(k), ".3f", 6) for k in KINDS)
+                + f" {_num(e['ttft_s']['p50'], '.2f', 7)} {_num(e['ttft_s']['p99'], '.2f', 7)}"
+                f" {_num(e['tbt_s']['p50'], '.3f', 6)} {_num(e['tbt_s']['p99'], '.3f', 6)}"
+                f" {_num(e['e2el_s']['p50'], '.1f', 6)} {_num(e['e2el_s']['p99'], '.1f', 6)}"
+                f" {_num(e['throughput_tokens_per_s'], '.0f', 7)}"
+                f" {_num(e['preemptions'], '.0f', 7)} {_num(e['retired'], '.0f', 7)}"
+                f" {_num(e['sched_ms_p99'], '.2f', 8)}"
+            )
     return "\n".join(lines)
 
 
 def markdown(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (for docs/benchmarks.md)."""
-    header = (
+    header: tuple[str, ...] = (
         "load",
         "policy",
         "token goodput (tok/s)",
@@ -81,23 +173,28 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         "retired",
         "sched p99 (ms)",
     )
+    scenarios = sorted({e["scenario"] for e in summary})
+    if any(scenarios):
+        header = ("scenario", *header)
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for e in sorted(summary, key=lambda e: (e["load"], -e["token_goodput"])):
+    for e in sorted(summary, key=lambda e: (e["scenario"], e["load"], -e["token_goodput"])):
         a = e["attainment"]
-        cells = (
+        cells: tuple[str, ...] = (
             f"{e['load']:.2f}",
             e["policy"],
             f"{e['token_goodput']:.0f}",
             f"{e['request_goodput']:.3f}",
-            " / ".join(f"{a[k]:.3f}" for k in KINDS),
-            f"{e['ttft_s']['p50']:.2f} / {e['ttft_s']['p99']:.2f}",
-            f"{e['tbt_s']['p99']:.3f}",
-            f"{e['e2el_s']['p50']:.1f} / {e['e2el_s']['p99']:.1f}",
-            f"{e['throughput_tokens_per_s']:.0f}",
-            f"{e['preemptions']:.0f}",
-            f"{e['retired']:.0f}",
-            f"{e['sched_ms_p99']:.2f}",
+            " / ".join(_num(a.get(k), ".3f") for k in KINDS),
+            f"{_num(e['ttft_s']['p50'], '.2f')} / {_num(e['ttft_s']['p99'], '.2f')}",
+            _num(e["tbt_s"]["p99"], ".3f"),
+            f"{_num(e['e2el_s']['p50'], '.1f')} / {_num(e['e2el_s']['p99'], '.1f')}",
+            _num(e["throughput_tokens_per_s"], ".0f"),
+            _num(e["preemptions"], ".0f"),
+            _num(e["retired"], ".0f"),
+            _num(e["sched_ms_p99"], ".2f"),
         )
+        if any(scenarios):
+            cells = (e["scenario"], *cells)
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -116,7 +213,11 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for policy in policies:
         xs = [x for x in loads if (policy, x) in by]
-        style = "-o" if policy.startswith("gmax") else ("--" if policy == "gmax-exact" else ":s")
+        style = (
+            "-o"
+            if policy.startswith("gmax")
+            else ("--k" if policy == UPPER_BOUND else ("--" if policy in EXACT_NAMES else ":s"))
+        )
         for ax, key in zip(axes, ("token_goodput", "request_goodput"), strict=True):
             ax.plot(xs, [by[(policy, x)][key] for x in xs], style, label=policy)
     axes[0].set(
@@ -132,6 +233,7 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     plt.close(fig)
     written.append(path)
 
+    policies = [p for p in policies if p != UPPER_BOUND]  # a bound has no per-kind attainment
     fig, axes = plt.subplots(1, len(loads), figsize=(4.5 * len(loads), 4), squeeze=False)
     width = 0.8 / max(len(policies), 1)
     for ax, load in zip(axes[0], loads, strict=True):
@@ -141,7 +243,7 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
             att = by[(policy, load)]["attainment"]
             ax.bar(
                 [k + i * width for k in range(len(KINDS))],
-                [att[k] for k in KINDS],
+                [att.get(k, math.nan) for k in KINDS],
                 width,
                 label=policy,
             )

@@ -10,6 +10,8 @@
   lengths from consecutive trace rows.
 - Arrivals: the trace's own timestamps rescaled to the target rate (``trace``), Poisson,
   or bursty gamma inter-arrivals (CV > 1). Everything is deterministic under a seed.
+- Tenants: equal demand by default, or skewed (``tenant_demand``, ``--tenant-mix
+  a=3,b=1,c=1``); their fair-share weights are the SLOPolicy's, not the workload's.
 
 Workloads are generators: requests are created lazily, so memory stays flat.
 """
@@ -60,6 +62,28 @@ def load_trace(name: str) -> TraceData:
     )
 
 
+def parse_tenant_mix(text: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """``"a=3,b=1,c=1"`` -> tenants ``("a", "b", "c")`` with demand shares (0.6, 0.2, 0.2)."""
+    names: list[str] = []
+    weights: list[float] = []
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not name.strip() or not math.isfinite(weight) or weight < 0 or name.strip() in names:
+            raise ValueError(
+                f"--tenant-mix must be distinct name=weight pairs, e.g. a=3,b=1,c=1; got {text!r}"
+            )
+        names.append(name.strip())
+        weights.append(weight)
+    total = sum(weights)
+    if total <= 0:
+        raise ValueError(f"--tenant-mix needs a positive weight, got {text!r}")
+    return tuple(names), tuple(w / total for w in weights)
+
+
 def parse_mix(text: str) -> tuple[float, float, float]:
     """``"1:1:1"`` -> normalised (latency, deadline, compound) shares."""
     parts = text.split(":")
@@ -86,6 +110,8 @@ class WorkloadSpec:
     duration_s: float = 600.0
     seed: int = 1
     tenants: tuple[str, ...] = ("tenant-a", "tenant-b", "tenant-c")
+    tenant_demand: tuple[float, ...] | None = None
+    """Share of work items per tenant (normalised); None: equal demand."""
     burst_cv: float = 2.0
     slo: SLODefaults = field(default_factory=SLODefaults)
 
@@ -106,6 +132,15 @@ class WorkloadSpec:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
         if self.rate_per_s is not None and not self.rate_per_s > 0:
             raise ValueError(f"rate must be positive, got {self.rate_per_s}")
+        if self.tenant_demand is not None and (
+            len(self.tenant_demand) != len(self.tenants)
+            or any(w < 0 or not math.isfinite(w) for w in self.tenant_demand)
+            or sum(self.tenant_demand) <= 0
+        ):
+            raise ValueError(
+                "tenant demand needs one non-negative weight per tenant with a positive sum, "
+                f"got {self.tenant_demand} for {self.tenants}"
+            )
 
 
 def _lognormal(rng: np.random.Generator, median: float, mean: float, low: int, high: int) -> int:
@@ -183,6 +218,9 @@ def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
     lengths = _Lengths(spec, np.random.default_rng(spec.seed + 7919))
     rate = spec.rate_per_s or native_rate(spec)
     kinds = (SLOKind.LATENCY, SLOKind.DEADLINE, SLOKind.COMPOUND)
+    demand = None
+    if spec.tenant_demand is not None:
+        demand = np.array(spec.tenant_demand) / sum(spec.tenant_demand)
     now = 0.0
     for index, gap in enumerate(_arrival_gaps(spec, rng, rate)):
         if index:
@@ -190,7 +228,11 @@ def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
         if now > spec.duration_s:
             return
         kind = kinds[int(rng.choice(3, p=spec.mix))]
-        tenant = spec.tenants[int(rng.integers(len(spec.tenants)))]
+        tenant = spec.tenants[
+            int(rng.integers(len(spec.tenants)))
+            if demand is None
+            else int(rng.choice(len(spec.tenants), p=demand))
+        ]
         if kind is SLOKind.COMPOUND:
             yield _program(spec, rng, lengths, index, tenant, now)
             continue

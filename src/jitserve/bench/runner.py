@@ -1,0 +1,206 @@
+"""Simulated bench runs: one :class:`Cell` (policy x load x seed x scenario) -> one row.
+
+Who owns what: :func:`run_one` replays a workload through one policy on the engine (or,
+for ``upper-bound``, solves :mod:`jitserve.bench.upper_bound` over the same trace) and
+returns a plain dict row; :func:`run_cells` runs many, in worker processes when asked,
+with a progress bar. The command line (:mod:`jitserve.bench.cli`) and the scenario matrix
+(:mod:`jitserve.bench.matrix`) build the cells; :mod:`jitserve.bench.report` reads rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tqdm import tqdm
+
+from jitserve.bench.variants import make_setup, policy_names
+from jitserve.goodput import GoodputLedger
+from jitserve.policy import SLOPolicySpec
+from jitserve.sim.cluster import run_cluster
+from jitserve.sim.engine import Engine, EngineStats
+from jitserve.sim.latency import Profile, load_profile
+from jitserve.sim.workload import WorkloadSpec, generate
+
+UPPER_BOUND = "upper-bound"
+EXACT_NAMES = ("gmax-exact", "oracle")
+"""GMAX with exact lengths: ``gmax-exact`` (``oracle`` before the rename)."""
+
+
+def known_policies() -> list[str]:
+    return [*policy_names(), UPPER_BOUND]
+
+
+def check_policy(name: str, spec: SLOPolicySpec) -> None:
+    """Raise ValueError naming the known policies when ``name`` is not one."""
+    if name == UPPER_BOUND:
+        return
+    try:
+        make_setup(name, spec)
+    except ValueError as err:
+        raise ValueError(f"{err}; or {UPPER_BOUND}") from err
+
+
+def admission_controlled() -> list[str]:
+    """The baselines with overload control (``<baseline>-ac``), as the bench has them."""
+    return [name for name in policy_names() if name.endswith("-ac")]
+
+
+def default_policies() -> list[str]:
+    """GMAX, every baseline with and without overload control, GMAX with exact lengths,
+    and the upper bound: what the bench compares unless told otherwise."""
+    names = policy_names()
+    baselines = [n for n in names if not n.startswith("gmax") and n not in EXACT_NAMES]
+    exact = [n for n in EXACT_NAMES if n in names][:1]
+    return ["gmax", *baselines, *exact, UPPER_BOUND]
+
+
+@dataclass(frozen=True)
+class Cell:
+    policy: str
+    load: float
+    seed: int
+    workload: WorkloadSpec
+    capacity_per_s: float
+    profile: str
+    spec: SLOPolicySpec
+    track_memory: bool = False
+    replicas: int = 1
+    profile_overrides: tuple[tuple[str, int], ...] = ()
+    """Engine limits changed from the profile's (``chunk_token_budget``, ``max_running``)."""
+    scenario: str = ""
+
+
+def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
+    return load_profile(name).model_copy(update=dict(overrides))
+
+
+def run_one(cell: Cell) -> dict[str, Any]:
+    """Simulate one cell (or bound it) and return its row of results."""
+    profile = cell_profile(cell.profile, cell.profile_overrides)
+    rate = cell.load * cell.capacity_per_s * cell.replicas
+    workload = replace(cell.workload, rate_per_s=rate, seed=cell.seed)
+    if cell.policy == UPPER_BOUND:
+        return _bound_row(cell, profile, workload)
+    ledger = GoodputLedger()
+    engines = []
+    for replica in range(cell.replicas):
+        setup = make_setup(cell.policy, cell.spec, seed=cell.seed * 1000 + replica)
+        engines.append(
+            Engine(
+                profile,
+                setup.policy,
+                setup.estimator,
+                setup.stage_share,
+                ledger=ledger,
+                refine_every=cell.spec.scheduler.refine_every,
+            )
+        )
+    if cell.track_memory:
+        tracemalloc.start()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    run_cluster(engines, generate(workload))
+    wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
+    peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
+    if cell.track_memory:
+        tracemalloc.stop()
+    duration = workload.duration_s
+    stats = EngineStats()
+    for engine in engines:
+        stats.merge(engine.stats)
+    return {
+        "policy": cell.policy,
+        "scenario": cell.scenario,
+        "load": cell.load,
+        "seed": cell.seed,
+        "requests": ledger.overall.requests,
+        "token_goodput": ledger.overall.goodput_tokens / duration,
+        "request_goodput": ledger.overall.met / duration,
+        "attainment": {k: v for k, v in ledger.attainment().items()},
+        "goodput_tokens_by_kind": {k.value: t.goodput_tokens for k, t in ledger.by_kind.items()},
+        "attainment_by_tenant": {k: t.attainment for k, t in sorted(ledger.by_tenant.items())},
+        "goodput_tokens_by_tenant": {
+            k: t.goodput_tokens for k, t in sorted(ledger.by_tenant.items())
+        },
+        "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
+        / max(stats.busy_s, 1e-9),
+        "output_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),
+        "ttft_s": {"p50": ledger.ttft.percentile(50), "p99": ledger.ttft.percentile(99)},
+        "tbt_s": {"p50": ledger.tbt.percentile(50), "p99": ledger.tbt.percentile(99)},
+        "e2el_s": {"p50": ledger.e2el.percentile(50), "p99": ledger.e2el.percentile(99)},
+        "preemptions": stats.preemptions,
+        "kv_preemptions": stats.kv_preemptions,
+        "retired": stats.retired,
+        "sched_ms_p50": stats.frame_seconds.percentile(50) * 1e3,
+        "sched_ms_p99": stats.frame_seconds.percentile(99) * 1e3,
+        "frames": stats.frames,
+        "sim_end_s": max(e.now for e in engines),
+        "replicas": cell.replicas,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "peak_memory_bytes": peak_bytes,
+        "effective": engines[0].policy.describe(),
+    }
+
+
+def _bound_row(cell: Cell, profile: Profile, workload: WorkloadSpec) -> dict[str, Any]:
+    """The LP bound in the row format; what a bound has no value for is NaN."""
+    from jitserve.bench.upper_bound import upper_bound
+
+    if cell.replicas != 1:
+        raise ValueError(f"{UPPER_BOUND} models one engine; run it with --replicas 1")
+    started, cpu_started = time.perf_counter(), time.process_time()
+    bound = upper_bound(generate(workload), profile)
+    nan = math.nan
+    quantiles = {"p50": nan, "p99": nan}
+    return {
+        "policy": UPPER_BOUND,
+        "scenario": cell.scenario,
+        "load": cell.load,
+        "seed": cell.seed,
+        "requests": bound.items,
+        "token_goodput": bound.goodput_tokens / workload.duration_s,
+        "request_goodput": bound.met_requests / workload.duration_s,
+        "attainment": {"overall": bound.met_requests / max(bound.items, 1)},
+        "goodput_tokens_by_kind": {},
+        "attainment_by_tenant": {},
+        "goodput_tokens_by_tenant": {},
+        "throughput_tokens_per_s": nan,
+        "output_tokens_per_s": nan,
+        "ttft_s": quantiles,
+        "tbt_s": quantiles,
+        "e2el_s": quantiles,
+        "preemptions": nan,
+        "kv_preemptions": nan,
+        "retired": nan,
+        "sched_ms_p50": nan,
+        "sched_ms_p99": nan,
+        "frames": 0,
+        "sim_end_s": nan,
+        "replicas": 1,
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "peak_memory_bytes": None,
+        "effective": {},
+    }
+
+
+def run_cells(cells: list[Cell], jobs: int, desc: str = "simulating") -> list[dict[str, Any]]:
+    """Rows in the order of ``cells``; ``jobs`` > 1 runs them in worker processes."""
+    rows: list[dict[str, Any]] = []
+    with tqdm(total=len(cells), desc=desc, unit="run") as bar:
+        if jobs <= 1 or len(cells) == 1:
+            for cell in cells:
+                rows.append(run_one(cell))
+                bar.update()
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for row in pool.map(run_one, cells):
+                    rows.append(row)
+                    bar.update()
+    return rows
