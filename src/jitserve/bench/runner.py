@@ -73,6 +73,8 @@ class Cell:
     profile_overrides: tuple[tuple[str, int], ...] = ()
     """Engine limits changed from the profile's (``chunk_token_budget``, ``max_running``)."""
     scenario: str = ""
+    bound_slot_s: float = 2.0
+    """Time slot of the ``upper-bound`` LP (longer: smaller LP, slightly looser bound)."""
 
 
 def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
@@ -155,7 +157,7 @@ def _bound_row(cell: Cell, profile: Profile, workload: WorkloadSpec) -> dict[str
     if cell.replicas != 1:
         raise ValueError(f"{UPPER_BOUND} models one engine; run it with --replicas 1")
     started, cpu_started = time.perf_counter(), time.process_time()
-    bound = upper_bound(generate(workload), profile)
+    bound = upper_bound(generate(workload), profile, cell.bound_slot_s)
     nan = math.nan
     quantiles = {"p50": nan, "p99": nan}
     return {

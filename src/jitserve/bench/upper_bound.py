@@ -4,7 +4,8 @@ Two linear programs over one trace, solved with SciPy's HiGHS (``pip install
 'jitserve[bench]'``), bound token goodput and request goodput. Each work item (a
 request, or a compound program as a whole) may be bought fractionally, x in [0, 1], for
 its goodput (a latency request for y on-time tokens); time is cut into slots of
-``slot_s`` seconds, and the LP decides how many engine iterations N_s run in each slot
+``slot_s`` seconds (2 s by default; any slot length gives a bound, shorter ones a tighter
+but larger LP), and the LP decides how many engine iterations N_s run in each slot
 and which part of each item's work they carry.
 
 Why it is a bound (proof sketch). Fix any schedule the engine can run. An iteration with
@@ -272,6 +273,8 @@ def solve(jobs: list[_Job], profile: Profile, slot_s: float) -> float:
     p = profile
     count = max(1, math.ceil(max(j.window[1] for j in jobs) / slot_s))
     capacity = slot_s * MS
+    # objective in units of the largest single gain: ~1 for requests, thousands of tokens
+    scale = max(max(j.value, float(j.max_tokens)) for j in jobs) or 1.0
     lp = _LP()
     iterations = [lp.var() for _ in range(count)]
     memory_bound = [lp.row([(n, p.a0_s * MS)], capacity) for n in iterations]
@@ -280,7 +283,7 @@ def solve(jobs: list[_Job], profile: Profile, slot_s: float) -> float:
     batch = [lp.row([(n, -float(p.max_running))]) for n in iterations]
 
     for job in jobs:
-        x = lp.var(1.0, job.value / KILO)
+        x = lp.var(1.0, job.value / scale)
         prefill = lp.row([(x, job.prompt_tokens / KILO)])
         for s in _slots(job.prefill_window, slot_s, count):
             g = lp.var()
@@ -290,7 +293,7 @@ def solve(jobs: list[_Job], profile: Profile, slot_s: float) -> float:
             lp.add(budget[s], g, 1.0)
         decode = lp.row([(x, job.decode_steps)])
         if job.max_tokens:
-            y = lp.var(gain=1.0 / KILO)
+            y = lp.var(gain=1.0 / scale)
             lp.add(decode, x, -1.0)
             lp.add(decode, y, 1.0)
             lp.row([(y, 1.0), (x, -float(job.max_tokens))])
@@ -313,7 +316,7 @@ def solve(jobs: list[_Job], profile: Profile, slot_s: float) -> float:
             lp.add(memory_bound[s], z, 1.0)
             lp.add(compute_bound[s], z, 1.0)
     # HiGHS meets the constraints to ~1e-7: keep the bound on the safe side of that
-    return lp.maximise() * KILO * (1 + 1e-6)
+    return lp.maximise() * scale * (1 + 1e-6)
 
 
 @dataclass(frozen=True)
@@ -325,7 +328,7 @@ class Bound:
     items: int
 
 
-def upper_bound(items: Iterable[Workitem], profile: Profile, slot_s: float = 1.0) -> Bound:
+def upper_bound(items: Iterable[Workitem], profile: Profile, slot_s: float = 2.0) -> Bound:
     """Token and request goodput no schedule of ``items`` on ``profile`` can exceed."""
     workload = list(items)
     return Bound(
