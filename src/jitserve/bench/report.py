@@ -213,11 +213,9 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for policy in policies:
         xs = [x for x in loads if (policy, x) in by]
-        style = (
-            "-o"
-            if policy.startswith("gmax")
-            else ("--k" if policy == UPPER_BOUND else ("--" if policy in EXACT_NAMES else ":s"))
-        )
+        style = "--k" if policy == UPPER_BOUND else "--" if policy in EXACT_NAMES else ":s"
+        if policy.startswith("gmax") and policy not in EXACT_NAMES:
+            style = "-o"
         for ax, key in zip(axes, ("token_goodput", "request_goodput"), strict=True):
             ax.plot(xs, [by[(policy, x)][key] for x in xs], style, label=policy)
     axes[0].set(

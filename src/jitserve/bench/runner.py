@@ -54,7 +54,10 @@ def default_policies() -> list[str]:
     """GMAX, every baseline with and without overload control, GMAX with exact lengths,
     and the upper bound: what the bench compares unless told otherwise."""
     names = policy_names()
-    baselines = [n for n in names if not n.startswith("gmax") and n not in EXACT_NAMES]
+    # raw and -ac baselines; not the estimator variants (-ac-qrf needs the analyzer extra)
+    baselines = [
+        n for n in names if not n.startswith("gmax") and ("-" not in n or n.endswith("-ac"))
+    ]
     exact = [n for n in EXACT_NAMES if n in names][:1]
     return ["gmax", *baselines, *exact, UPPER_BOUND]
 
