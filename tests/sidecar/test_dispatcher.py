@@ -246,7 +246,7 @@ def test_simulator_and_sidecar_drive_the_lifecycle_alike(policy: str) -> None:
     assert sidecar.outcomes == reference.outcomes
     # the script exercises what it claims to: every request ends, some wait their turn
     assert len(reference.outcomes) == len(workload())
-    assert len(reference.dispatched) >= len(workload())
+    assert len(set(reference.dispatched)) + len(reference.retired) >= len(workload())
     if policy == "gmax":
         assert ("d-doomed", "unreachable") in {(r[1], r[2]) for r in reference.retired}
     if policy == "edf":
