@@ -20,25 +20,45 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError, model_validator
 
-from jitserve.policy_pod import EnvVar, ModelCache, PodSettings, Quantity, VolumeMount, pod_problems
-from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
+from jitserve.policy_base import DNSLabel, Seconds
+from jitserve.policy_base import SpecModel as _Model
+from jitserve.policy_pod import PodSettings, pod_problems
+from jitserve.policy_scheduler import (
+    CutoffMode,
+    CutoffSettings,
+    MechanismSettings,
+    Objective,
+    PreemptionSettings,
+    SchedulerSettings,
+)
+from jitserve.policy_serving import (
+    IngressSpec,
+    ModelSpec,
+    PullPolicy,
+    ReportingSettings,
+    SidecarSpec,
+)
+from jitserve.policy_status import Attainment, Condition, ConditionType, SLOPolicyStatus
 
-Seconds = Annotated[float, Field(gt=0, le=86400)]
-DNSLabel = Annotated[
-    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# the sections live in policy_* modules; this module is the model's one public face
+__all__ = [
+    "Attainment",
+    "Condition",
+    "ConditionType",
+    "CutoffMode",
+    "CutoffSettings",
+    "MechanismSettings",
+    "Objective",
+    "PreemptionSettings",
+    "PullPolicy",
+    "SLOPolicyStatus",
 ]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 
 
 class LatencyDefaults(_Model):
@@ -122,164 +142,6 @@ class SLODefaults(_Model):
                     return CompoundSLO(cls.deadline_seconds)
                 return DeadlineSLO(cls.deadline_seconds)
         return None
-
-
-class Objective(StrEnum):
-    TOKENS = "tokens"
-    REQUESTS = "requests"
-
-
-class CutoffMode(StrEnum):
-    FIXED = "fixed"
-    AUTO = "auto"
-
-
-class CutoffSettings(_Model):
-    """GMAX's priority cutoff ``p``: candidates keep priority >= p x the B-th best."""
-
-    mode: CutoffMode = Field(
-        default=CutoffMode.AUTO,
-        description="fixed: p = value; auto: p adapts online among candidates toward the "
-        "value that maximises measured goodput.",
-    )
-    value: float = Field(
-        default=0.95, gt=0, le=1, description="p when mode is fixed; the starting point when auto."
-    )
-    candidates: list[Annotated[float, Field(gt=0, le=1)]] = Field(
-        default_factory=lambda: [0.5, 0.7, 0.8, 0.9, 0.95, 1.0],
-        min_length=1,
-        max_length=16,
-        description="Values of p auto mode explores.",
-    )
-    epoch_frames: int = Field(
-        default=20, ge=1, le=10000, description="Frames per exploration epoch in auto mode."
-    )
-
-
-class PreemptionSettings(_Model):
-    """Preemption at frame boundaries (abort in vLLM, resume later as a continuation)."""
-
-    enabled: bool = Field(default=True, description="Allow preempting running requests.")
-    max_per_frame: int = Field(
-        default=8, ge=0, le=1024, description="At most this many preemptions per frame."
-    )
-    cost_factor: float = Field(
-        default=1.0,
-        ge=0,
-        le=100,
-        description="Multiplier on the modelled cost (stall time x token rate).",
-    )
-
-
-class MechanismSettings(_Model):
-    """Switches for each GMAX mechanism, all on by default: turning one off is an ablation
-    (docs/scheduling.md measures each one's effect and the regime where it matters)."""
-
-    cutoff: bool = Field(
-        default=True,
-        description=(
-            "Keep only candidates with priority >= p x the B-th best before grouping; off ="
-            " every one of the top k x B candidates may join the group (as p = 0)."
-        ),
-    )
-    length_window: bool = Field(
-        default=True,
-        description=(
-            "Group candidates of similar input length (sliding window of size B over"
-            " candidates sorted by input length); off = the B best candidates by priority."
-        ),
-    )
-    preemption: bool = Field(
-        default=True,
-        description=(
-            "Swap out running requests outside the group when the gain beats the recompute"
-            " cost; off (or preemption.enabled false) = never preempt."
-        ),
-    )
-    refinement: bool = Field(
-        default=True,
-        description=(
-            "Refine each request's length bound every refineEvery generated tokens; off ="
-            " keep the bound given at arrival until the request outgrows it."
-        ),
-    )
-    fairness: bool = Field(
-        default=True,
-        description=(
-            "Blend each tenant's deficit against its weighted share into priority with"
-            " weight f (fairness.weight); off = f is ignored."
-        ),
-    )
-    aging: bool = Field(
-        default=True,
-        description="Raise priority by delta per frame waited (anti-starvation); off = no aging.",
-    )
-    overload_control: bool = Field(
-        default=True,
-        description=(
-            "Retire (or demote, admission.overloadAction) requests that waited past"
-            " admission.maxWaitingSeconds and are not planned soon, or whose deadline is out"
-            " of reach even at full speed; off = keep everything. Baselines get the same layer"
-            " under their -ac names."
-        ),
-    )
-    prefill_pacing: bool = Field(
-        default=True,
-        description=(
-            "Start new prompts no faster than the running requests' SLOs allow (keep the"
-            " step time under their per-token need); off = start whatever fits the engine's"
-            " token budget."
-        ),
-    )
-    latest_start_sequencing: bool = Field(
-        default=True,
-        description=(
-            "Start group members in latest-start order and drop from the group those that"
-            " would start too late to meet their SLO; off = start group members by priority."
-        ),
-    )
-
-
-class SchedulerSettings(_Model):
-    """The GMAX scheduler's knobs."""
-
-    policy: str = Field(
-        default="gmax", pattern=r"^[a-z][a-z0-9-]*$", description="gmax or a baseline name."
-    )
-    cutoff: CutoffSettings = Field(
-        default=CutoffSettings(), description="GMAX's priority cutoff p (fixed or auto)."
-    )
-    frame_steps: int = Field(
-        default=50, ge=1, le=10000, description="Decode steps per scheduling frame."
-    )
-    delta: float = Field(
-        default=0.05,
-        ge=0,
-        le=1000,
-        description=(
-            "Anti-starvation aging: priority added per frame waited,"
-            " as a fraction of the median priority."
-        ),
-    )
-    length_quantile: float = Field(
-        default=0.95, gt=0, lt=1, description="Quantile q of the output-length upper bound."
-    )
-    refine_every: int = Field(
-        default=50, ge=1, le=100000, description="Refine the length bound every N generated tokens."
-    )
-    candidate_factor: int = Field(
-        default=4, ge=1, le=64, description="GMAX considers the top k x B requests."
-    )
-    soft_penalty: float = Field(
-        default=1.0, ge=0, le=16, description="Exponent of the lateness discount."
-    )
-    preemption: PreemptionSettings = Field(
-        default=PreemptionSettings(), description="When running requests may be preempted."
-    )
-    mechanisms: MechanismSettings = Field(
-        default=MechanismSettings(),
-        description="Each GMAX mechanism on or off (ablations); all on by default.",
-    )
 
 
 class TenantSpec(_Model):
@@ -371,109 +233,6 @@ class LimitsSettings(_Model):
     )
 
 
-class PullPolicy(StrEnum):
-    ALWAYS = "Always"
-    IF_NOT_PRESENT = "IfNotPresent"
-    NEVER = "Never"
-
-
-class ModelSpec(_Model):
-    """The model to serve and the vLLM container serving it (changing any of it rolls pods)."""
-
-    name: str = Field(
-        default="tiny-llama",
-        min_length=1,
-        max_length=253,
-        description="Model id or path given to vLLM (--model).",
-    )
-    image: str = Field(
-        default="vllm/vllm-openai:v0.11.0", min_length=1, max_length=512, description="vLLM image."
-    )
-    args: list[str] = Field(
-        default_factory=list, max_length=128, description="Extra vLLM server arguments."
-    )
-    gpus: int = Field(
-        default=1, ge=0, le=16, description="GPUs per replica (limits of gpuResource)."
-    )
-    cpu: Quantity = Field(default="4", description="CPU of the vLLM container (request = limit).")
-    memory: Quantity = Field(
-        default="32Gi", description="Memory of the vLLM container (request = limit)."
-    )
-    gpu_resource: str = Field(
-        default="nvidia.com/gpu",
-        min_length=1,
-        max_length=253,
-        pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
-        description="Extended resource name of the accelerator.",
-    )
-    image_pull_policy: PullPolicy = Field(
-        default=PullPolicy.IF_NOT_PRESENT, description="Always, IfNotPresent or Never."
-    )
-    env: list[EnvVar] = Field(
-        default_factory=list,
-        max_length=128,
-        description="Environment of the vLLM container: values or valueFrom references.",
-    )
-    volume_mounts: list[VolumeMount] = Field(
-        default_factory=list, max_length=64, description="Mounts of pod.volumes in vLLM."
-    )
-    cache: ModelCache | None = Field(
-        default=None,
-        description="A persistent model cache (PVC at /cache, HF_HOME); absent = emptyDir.",
-    )
-    port: int = Field(default=8000, ge=1024, le=65535, description="vLLM's port inside the pod.")
-    shm_size: Quantity = Field(default="2Gi", description="Size of the /dev/shm memory volume.")
-    startup_seconds: int = Field(
-        default=1800,
-        ge=30,
-        le=86400,
-        description="How long vLLM may take to load the model before it is restarted.",
-    )
-
-
-class SidecarSpec(_Model):
-    """The scheduler sidecar container in front of vLLM."""
-
-    port: int = Field(
-        default=8080, ge=1024, le=65535, description="Sidecar HTTP port (API and /metrics)."
-    )
-    cpu: Quantity = Field(default="1", description="CPU of the sidecar (request = limit).")
-    memory: Quantity = Field(default="1Gi", description="Memory of the sidecar (request = limit).")
-
-
-class IngressSpec(_Model):
-    """An Ingress in front of the policy's Service."""
-
-    host: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-        description="Host name the Ingress routes; empty = all hosts.",
-    )
-    class_name: str | None = Field(default=None, max_length=253, description="IngressClass name.")
-    tls_secret: str | None = Field(
-        default=None, max_length=253, description="Secret holding the TLS certificate (needs host)."
-    )
-    path: str = Field(
-        default="/", min_length=1, max_length=1024, pattern=r"^/", description="Path prefix."
-    )
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Annotations of the Ingress (controller settings)."
-    )
-
-
-class ReportingSettings(_Model):
-    """How the operator reports SLO attainment in the status."""
-
-    attainment_window_seconds: int = Field(
-        default=300,
-        ge=10,
-        le=86400,
-        description="Window of status.recentAttainment (the printer column): requests "
-        "finished in the last N seconds, so the effect of tuning p or f shows within N s.",
-    )
-
-
 class SLOPolicySpec(_Model):
     """``spec`` of the ``SLOPolicy`` custom resource and the sidecar's config file."""
 
@@ -541,95 +300,6 @@ class SLOPolicySpec(_Model):
             self.model.env, self.model.volume_mounts, self.pod, self.model.cache
         )
         return problems
-
-
-class ConditionType(StrEnum):
-    READY = "Ready"
-    PROGRESSING = "Progressing"
-    DEGRADED = "Degraded"
-
-
-class Condition(_Model):
-    """A Kubernetes-style status condition."""
-
-    type: ConditionType = Field(description="Ready, Progressing or Degraded.")
-    status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
-    reason: str = Field(
-        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
-        max_length=1024,
-        description="Why, in one CamelCase word (e.g. InvalidSpec, RollingOut).",
-    )
-    message: str = Field(default="", max_length=32768, description="Details for humans.")
-    last_transition_time: str = Field(
-        json_schema_extra={"format": "date-time"},
-        description="When status last changed (RFC 3339).",
-    )
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="metadata.generation this condition was computed for."
-    )
-
-
-Fraction = Annotated[float, Field(ge=0, le=1)]
-
-
-class Attainment(_Model):
-    """SLO attainment (met / (met + missed + retired)) per request kind, from the sidecars."""
-
-    latency: Fraction | None = Field(default=None, description="Latency (TTFT/TBT) requests.")
-    deadline: Fraction | None = Field(default=None, description="Deadline requests.")
-    compound: Fraction | None = Field(default=None, description="Compound program requests.")
-    best_effort: Fraction | None = Field(default=None, description="Requests without an SLO.")
-    overall: Fraction | None = Field(default=None, description="All requests together.")
-
-
-class SLOPolicyStatus(_Model):
-    """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
-
-    observed_generation: int | None = Field(
-        default=None, ge=0, description="metadata.generation the operator last acted on."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing and Degraded, one of each.",
-    )
-    replicas: int = Field(default=0, ge=0, description="Desired serving pods.")
-    ready_replicas: int = Field(default=0, ge=0, description="Serving pods that are ready.")
-    selector: str | None = Field(
-        default=None, description="Label selector of the serving pods (scale subresource)."
-    )
-    effective_cutoff: float | None = Field(
-        default=None, ge=0, le=1, description="Mean p the sidecars use now."
-    )
-    attainment: Attainment | None = Field(
-        default=None,
-        description="Lifetime SLO attainment: every request since the serving pods started.",
-    )
-    recent_attainment: Attainment | None = Field(
-        default=None,
-        description="SLO attainment over the last spec.reporting.attainmentWindowSeconds "
-        "(the Attainment column): shows the effect of tuning p or f within that window.",
-    )
-    recent_window_seconds: float | None = Field(
-        default=None,
-        ge=0,
-        description="Seconds of history behind recentAttainment: the window, or less while "
-        "the operator has watched the pods for less than that.",
-    )
-    recent_requests: int | None = Field(
-        default=None, ge=0, description="Requests counted in recentAttainment."
-    )
-    goodput_tokens_per_second: float | None = Field(
-        default=None, ge=0, description="Goodput tokens/s between the last two scrapes."
-    )
-    scraped_pods: int = Field(
-        default=0, ge=0, description="Sidecar metrics endpoints read in the last scrape."
-    )
-    last_scrape_time: str | None = Field(
-        default=None,
-        json_schema_extra={"format": "date-time"},
-        description="When the sidecars were last read (RFC 3339).",
-    )
 
 
 class PolicyError(ValueError):

@@ -60,7 +60,7 @@ def test_client_talks_to_the_service(analyzer: RunningAnalyzer, small_model: Len
         assert stats is not None and stats.ready
         # the local fallback is kept warm with every observation
         assert isinstance(client.fallback, QuantileEstimator)
-        assert 321 in client.fallback._window
+        assert 321 in client.fallback.observed()
 
 
 def test_adapters_implement_the_estimator_interfaces(analyzer: RunningAnalyzer) -> None:
@@ -88,7 +88,7 @@ def test_unreachable_service_falls_back_fast_and_counts_it() -> None:
         program, seconds = program_corpus(1, 14)[0]
         client.record_program(program, seconds)  # fire-and-forget: never raises
         client.observe(_req(4), 77)
-        assert 77 in fallback._window
+        assert 77 in fallback.observed()
         # the local stage fallback learned the recorded program's stage count
         assert client.stage_share(program, 0) == pytest.approx(1 / max(4, len(program.stages)))
         assert isinstance(client.stage_fallback, UniformStageShare)

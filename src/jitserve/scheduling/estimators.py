@@ -176,6 +176,10 @@ class QuantileEstimator(LengthEstimator):
         bucket = int(self.BUCKETS_PER_OCTAVE * math.log2(max(req.prompt_tokens, 1)))
         return ((req.app, bucket), (bucket,))
 
+    def observed(self) -> list[int]:
+        """The lengths in the global window, sorted."""
+        return list(self._all.sorted)
+
     def observe_length(self, output_tokens: int) -> None:
         """A length with no request attached: it informs the global window only."""
         self._all.add(output_tokens)

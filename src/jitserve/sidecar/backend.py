@@ -114,7 +114,9 @@ class VLLMBackend:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            # below vLLM's own keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s): a connection
+            # the server already closed must never be reused for a dispatch
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),

@@ -44,15 +44,24 @@ class AnalyzerBounds:
         self.client = client
         self.lifecycle.remote_refine = None if client is None else self._refine
 
-    async def initial(self, req: Request) -> int | None:
-        """The analyzer's bound for a new request; None: the local estimator's."""
-        if self.client is not None:
-            try:
-                return max(1, (await self.client.bounds([req]))[0])
-            except Exception as err:  # the client should not raise; never fail a request
-                log.warning("analyzer bound failed: %s", err)
-        self.metrics.analyzer_fallbacks.inc()
-        return None
+    def arrived(self, r: LiveRequest) -> None:
+        """A new request was queued with the local estimator's bound: ask the analyzer
+        for its own in the background (a request never waits for the analyzer)."""
+        if self.client is None:
+            self.metrics.analyzer_fallbacks.inc()
+            return
+        self._spawn(self._initial_remote(r))
+
+    async def _initial_remote(self, r: LiveRequest) -> None:
+        assert self.client is not None
+        try:
+            bound = max(1, (await self.client.bounds([r.req]))[0])
+        except Exception as err:  # the client should not raise; never fail a request
+            log.warning("analyzer bound failed: %s", err)
+            self.metrics.analyzer_fallbacks.inc()
+            return
+        if r.phase in (Phase.WAITING, Phase.RUNNING) and r.bound_refined_at == 0:
+            self.lifecycle.refine(r, bound, at=0)
 
     def observe(self, req: Request, output_tokens: int) -> None:
         if self.client is not None:

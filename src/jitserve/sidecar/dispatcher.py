@@ -226,14 +226,14 @@ class Dispatcher:
         """Queue a request; raises APIError (429 queue full, 503 backend down). ``events``:
         the queue its handler reads (the server's is bounded for slow readers)."""
         self.check_admission()
-        bound = await self.bounds.initial(req)
         lp = None
         if program is not None:
             assert isinstance(req.slo, CompoundSLO)
             lp = await self.programs.join(self.lifecycle, program, req.tenant, req.slo,
                                           req.slo_class, LLMCall(req.prompt_tokens, max_tokens),
                                           self.clock())
-        live = self.lifecycle.arrive(req, self.clock(), lp, bound)
+        live = self.lifecycle.arrive(req, self.clock(), lp)
+        self.bounds.arrived(live)
         job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
                   sampling=sampling or {}, min_tokens=min_tokens, forward=forward,
                   forward_path=forward_path)

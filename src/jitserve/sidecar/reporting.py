@@ -73,6 +73,8 @@ class Reporter:
 
     def frame(self, now: float, result: FrameResult, policy: Policy, fairness_weight: float,
               live: Iterable[LiveRequest], running: int) -> None:
+        if policy.waiting() == 0:
+            self.dispatch_gap.idle()
         self.metrics.preemptions.inc(len(result.preempted))
         self.metrics.frames.inc()
         self.metrics.frame_seconds.observe(result.policy_s)
@@ -147,6 +149,11 @@ class DispatchGap:
     def dispatched(self, now: float) -> None:
         if self._freed:
             self._gaps.append(now - self._freed.popleft())
+
+    def idle(self) -> None:
+        """Nothing waits any more: freed slots no longer wait for a request (the work they
+        waited for was served elsewhere or retired)."""
+        self._freed.clear()
 
     def summary(self) -> dict[str, float] | None:
         if not self._gaps:

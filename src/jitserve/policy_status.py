@@ -1,0 +1,98 @@
+"""The ``status`` of an ``SLOPolicy``: conditions per Kubernetes API conventions,
+readiness, effective settings and SLO attainment (lifetime and over a recent window).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from jitserve.policy_base import Fraction
+from jitserve.policy_base import SpecModel as _Model
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class Condition(_Model):
+    """A Kubernetes-style status condition."""
+
+    type: ConditionType = Field(description="Ready, Progressing or Degraded.")
+    status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        max_length=1024,
+        description="Why, in one CamelCase word (e.g. InvalidSpec, RollingOut).",
+    )
+    message: str = Field(default="", max_length=32768, description="Details for humans.")
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed for."
+    )
+
+
+class Attainment(_Model):
+    """SLO attainment (met / (met + missed + retired)) per request kind, from the sidecars."""
+
+    latency: Fraction | None = Field(default=None, description="Latency (TTFT/TBT) requests.")
+    deadline: Fraction | None = Field(default=None, description="Deadline requests.")
+    compound: Fraction | None = Field(default=None, description="Compound program requests.")
+    best_effort: Fraction | None = Field(default=None, description="Requests without an SLO.")
+    overall: Fraction | None = Field(default=None, description="All requests together.")
+
+
+class SLOPolicyStatus(_Model):
+    """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the operator last acted on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing and Degraded, one of each.",
+    )
+    replicas: int = Field(default=0, ge=0, description="Desired serving pods.")
+    ready_replicas: int = Field(default=0, ge=0, description="Serving pods that are ready.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the serving pods (scale subresource)."
+    )
+    effective_cutoff: float | None = Field(
+        default=None, ge=0, le=1, description="Mean p the sidecars use now."
+    )
+    attainment: Attainment | None = Field(
+        default=None,
+        description="Lifetime SLO attainment: every request since the serving pods started.",
+    )
+    recent_attainment: Attainment | None = Field(
+        default=None,
+        description="SLO attainment over the last spec.reporting.attainmentWindowSeconds "
+        "(the Attainment column): shows the effect of tuning p or f within that window.",
+    )
+    recent_window_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds of history behind recentAttainment: the window, or less while "
+        "the operator has watched the pods for less than that.",
+    )
+    recent_requests: int | None = Field(
+        default=None, ge=0, description="Requests counted in recentAttainment."
+    )
+    goodput_tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Goodput tokens/s between the last two scrapes."
+    )
+    scraped_pods: int = Field(
+        default=0, ge=0, description="Sidecar metrics endpoints read in the last scrape."
+    )
+    last_scrape_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the sidecars were last read (RFC 3339).",
+    )
