@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -206,101 +206,80 @@ class VLLMBackend:
             "priority": priority,
             "request_id": request_id,
         }
-        finished = False
-        flowing = False
-        stall = self.stall_timeout_s
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
-        try:
-            async with asyncio.timeout(stall):
-                resp = await self.session.post(self.base_url + "/v1/completions", json=body,
-                                               headers={"X-Request-Id": request_id},
-                                               timeout=timeout)
-        except TimeoutError as err:
-            raise self._stalled() from err
-        except (aiohttp.ClientError, OSError) as err:
-            raise BackendUnavailable(f"/v1/completions: {type(err).__name__}: {err}") from err
-        try:
-            if resp.status != 200:
-                data = await resp.read()
-                if resp.status >= 500:
-                    raise BackendUnavailable(f"/v1/completions: HTTP {resp.status}")
-                message, param = _error_message(resp.status, data)
-                raise BackendError(resp.status, message, param)
-            # Parse whole reads, not lines: one pass per network read, however many
-            # events it holds (vLLM writes "data: {...}\n\n" per step and request).
-            buffer = b""
-            while True:
-                try:
-                    async with asyncio.timeout(stall if flowing else None):
-                        data = await resp.content.readany()
-                except TimeoutError as err:
-                    raise self._stalled() from err
-                if not data:
-                    break
-                buffer += data
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    if not event.startswith(b"data:"):
-                        continue
-                    payload = event[5:].strip()
-                    if payload == b"[DONE]":
-                        finished = True
-                        break
-                    doc = json.loads(payload)
-                    if "error" in doc:
-                        raise stream_error(doc["error"])
-                    choices = doc.get("choices")
-                    if not choices:
-                        continue
-                    choice = choices[0]
-                    ids = choice.get("token_ids") or []
-                    flowing = flowing or bool(ids)
-                    yield Chunk(ids, choice.get("text") or "", choice.get("finish_reason"))
-                if finished:
-                    break
-            if not finished:
-                raise BackendUnavailable("backend stream ended before [DONE]")
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
-            raise BackendUnavailable(
-                f"backend stream broke: {type(err).__name__}: {err}") from err
-        finally:
-            if finished:
-                resp.release()
-            else:
-                resp.close()  # drop the connection: vLLM aborts the request
+        ids_seen = False
+
+        def flowing(doc: dict[str, Any]) -> bool:
+            nonlocal ids_seen
+            ids_seen = ids_seen or any(c.get("token_ids") for c in doc.get("choices") or ())
+            return ids_seen
+
+        async for doc in self._post_sse("/v1/completions", body, {"X-Request-Id": request_id},
+                                        flowing):
+            choices = doc.get("choices")
+            if choices:
+                choice = choices[0]
+                yield Chunk(choice.get("token_ids") or [], choice.get("text") or "",
+                            choice.get("finish_reason"))
 
     async def forward(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Send ``body`` to vLLM's ``path`` as is; yield each SSE chunk of a streamed
         request, or the one body of a non-streamed one. Errors as :meth:`stream`;
         closing the generator early aborts the request in vLLM."""
-        finished = False
-        streamed = bool(body.get("stream"))
-        stall = self.stall_timeout_s
+        if body.get("stream"):
+            async for doc in self._post_sse(path, body, {},
+                                            lambda doc: bool(doc.get("choices"))):
+                yield doc
+            return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         try:
-            async with asyncio.timeout(stall if streamed else None):
-                resp = await self.session.post(self.base_url + path, json=body,
-                                               timeout=timeout)
-        except TimeoutError as err:
-            raise self._stalled() from err
-        except (aiohttp.ClientError, OSError) as err:
-            raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
-        try:
-            if resp.status != 200 or not streamed:
+            async with self.session.post(self.base_url + path, json=body,
+                                         timeout=timeout) as resp:
                 data = await resp.read()
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
                 if resp.status != 200:
                     message, param = _error_message(resp.status, data)
                     raise BackendError(resp.status, message, param)
-                finished = True
-                yield json.loads(data)
-                return
+            doc = json.loads(data)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
+            raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
+        yield doc
+
+    async def _post_sse(self, path: str, body: dict[str, Any], headers: dict[str, str],
+                        flowing: Callable[[dict[str, Any]], bool],
+                        ) -> AsyncIterator[dict[str, Any]]:
+        """POST a streamed request and yield each SSE event's JSON until ``[DONE]``.
+
+        Stall timeout: the answer's head must come within ``stall_timeout_s`` (vLLM sends
+        it at once, queued or not), and once ``flowing`` says tokens flow, each next read
+        too; else :class:`BackendStalled`. Before that there is no bound: the request may
+        wait in vLLM's own queue or prefill (health checks watch vLLM meanwhile). Closing
+        the generator early drops the connection: vLLM aborts the request."""
+        finished = False
+        stall = self.stall_timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        try:
+            async with asyncio.timeout(stall):
+                resp = await self.session.post(self.base_url + path, json=body,
+                                               headers=headers, timeout=timeout)
+        except TimeoutError as err:
+            raise self._stalled() from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
+        try:
+            if resp.status != 200:
+                data = await resp.read()
+                if resp.status >= 500:
+                    raise BackendUnavailable(f"{path}: HTTP {resp.status}")
+                message, param = _error_message(resp.status, data)
+                raise BackendError(resp.status, message, param)
+            # Parse whole reads, not lines: one pass per network read, however many
+            # events it holds (vLLM writes "data: {...}\n\n" per step and request).
             buffer = b""
-            flowing = False
+            flows = False
             while not finished:
                 try:
-                    async with asyncio.timeout(stall if flowing else None):
+                    async with asyncio.timeout(stall if flows else None):
                         data = await resp.content.readany()
                 except TimeoutError as err:
                     raise self._stalled() from err
@@ -318,7 +297,7 @@ class VLLMBackend:
                     doc = json.loads(payload)
                     if "error" in doc:
                         raise stream_error(doc["error"])
-                    flowing = flowing or bool(doc.get("choices"))
+                    flows = flows or flowing(doc)
                     yield doc
             if not finished:
                 raise BackendUnavailable("backend stream ended before [DONE]")
@@ -329,4 +308,4 @@ class VLLMBackend:
             if finished:
                 resp.release()
             else:
-                resp.close()
+                resp.close()  # drop the connection: vLLM aborts the request
