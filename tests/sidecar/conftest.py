@@ -40,7 +40,8 @@ def vllm_url() -> Iterator[str]:
     log_path = log_dir / "vllm.log"
     with log_path.open("ab") as log:
         proc = vl.start_process(
-            vl.vllm_command(python, model, port, max_num_seqs=16), log, vl.vllm_env()
+            vl.vllm_command(python, model, port, max_num_seqs=16, max_model_len=4096), log,
+            vl.vllm_env()
         )
     url = f"http://127.0.0.1:{port}"
     try:

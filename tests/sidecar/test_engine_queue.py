@@ -32,7 +32,7 @@ SLOTS = 16  # the session vLLM's --max-num-seqs (conftest.py)
 ENGINE_QUEUE = 4
 QUEUED = 10  # beyond B: ENGINE_QUEUE of them wait in vLLM, the rest in the sidecar
 FREED = 3  # < ENGINE_QUEUE: vLLM keeps a waiting request while the sidecar refills
-LONG = 1900  # output tokens: nothing finishes while the test looks
+LONG = 4000  # output tokens (context 4096): nothing finishes while the test looks
 POLICY = {
     # no preemption (it would move requests back to the sidecar) and no retirement
     "scheduler": {"preemption": {"enabled": False}},
