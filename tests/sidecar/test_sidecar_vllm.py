@@ -26,6 +26,7 @@ from sidecar_support import (
 
 from jitserve.bench.live import StreamResult, stream_completion
 
+LONG = 4000  # output tokens of a long stream (the session vLLM's context is 4096)
 pytestmark = pytest.mark.timeout(240)
 
 PROMPT = [5, 17, 99, 400, 23, 8, 77]
@@ -190,7 +191,7 @@ async def _contend(
         async def run(name: str, doc: dict[str, Any]) -> None:
             results[name] = await stream_completion(session, s.url, doc)
 
-        blocker = asyncio.create_task(run("blocker", body(1900, {"kind": "best_effort"})))
+        blocker = asyncio.create_task(run("blocker", body(LONG, {"kind": "best_effort"})))
         tasks: list[asyncio.Task[None]] = []
         try:
             deadline = time.monotonic() + 60
@@ -344,7 +345,7 @@ def test_client_disconnect_aborts_the_vllm_request(sidecar: Factory, vllm_url: s
 
     async def read_some_then_leave() -> None:
         async with aiohttp.ClientSession() as session:
-            resp = await session.post(s.url + "/v1/completions", json=body(1800, stream=True))
+            resp = await session.post(s.url + "/v1/completions", json=body(LONG, stream=True))
             got = 0
             async for line in resp.content:
                 got += line.startswith(b"data: {")
@@ -367,7 +368,7 @@ def test_client_disconnect_aborts_the_vllm_request(sidecar: Factory, vllm_url: s
     generated = vllm_metric(vllm_url, "vllm:generation_tokens_total")
     time.sleep(0.5)
     assert vllm_metric(vllm_url, "vllm:generation_tokens_total") == generated  # nothing runs on
-    assert generated - generated_before < 1800 / 2
+    assert generated - generated_before < LONG / 2
     assert metric(get_text(s.url + "/metrics"), "jitserve_requests_total", outcome="cancelled") == 1
 
 
@@ -379,7 +380,7 @@ def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
 
     async def scenario(s: SidecarProcess) -> tuple[int, dict[str, str], dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
-            blocker = asyncio.create_task(stream_completion(session, s.url, body(1900)))
+            blocker = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
             tasks = [blocker]
             try:
                 deadline = time.monotonic() + 60
@@ -579,7 +580,7 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
         async with aiohttp.ClientSession() as session:
             # long enough to be still running when the refused request comes (the sidecar
             # exits as soon as nothing is left to drain)
-            running = asyncio.create_task(stream_completion(session, s.url, body(1900)))
+            running = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
             while not s.state()["running"]:
                 await asyncio.sleep(0.01)
             os.kill(s.proc.pid, signal.SIGTERM)
@@ -591,5 +592,5 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
 
     result, refused, retry_after = asyncio.run(scenario())
     assert refused == 503 and retry_after >= 1
-    assert result.status == 200 and result.error is None and len(result.token_ids) == 1900
+    assert result.status == 200 and result.error is None and len(result.token_ids) == LONG
     assert s.proc.wait(30) == 0

@@ -38,6 +38,7 @@ from sidecar_support import (
 from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.devstack import vllm as vl
 
+LONG = 4000  # output tokens of a long stream (the session vLLM's context is 4096)
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [5, 17, 99, 400, 23, 8, 77]
@@ -160,7 +161,7 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
     try:
         async def scenario() -> tuple[list[StreamResult], float, dict[str, Any]]:
             async with aiohttp.ClientSession() as session:
-                streams = [asyncio.create_task(stream_completion(session, s.url, body(1900)))
+                streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
                            for _ in range(2)]
                 await running_tokens(s, 2, 5)
                 with_signal(proc, signal.SIGSTOP)
@@ -175,7 +176,7 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
         print("stall: error events", [round(r.end_s - frozen_at, 2) for r in results],
               f"s after SIGSTOP (stall timeout {STALL_S} s)")
         for r in results:
-            assert r.status == 200 and 5 <= len(r.token_ids) < 1900, r.error
+            assert r.status == 200 and 5 <= len(r.token_ids) < LONG, r.error
             assert r.error is not None and r.error["code"] == "backend_failed", r.error
             assert "stall" in r.error["message"]
             # the error came within the stall timeout of the freeze (+ slack for this VM)
@@ -205,7 +206,7 @@ def test_killed_vllm_fails_running_streams_and_keeps_the_queue(
     try:
         async def scenario() -> tuple[StreamResult, list[StreamResult], dict[str, Any], float]:
             async with aiohttp.ClientSession() as session:
-                victim = asyncio.create_task(stream_completion(session, s.url, body(1900)))
+                victim = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
                 await running_tokens(s, 1, 5)
                 queued = [asyncio.create_task(stream_completion(session, s.url, body(8)))
                           for _ in range(2)]
@@ -226,7 +227,7 @@ def test_killed_vllm_fails_running_streams_and_keeps_the_queue(
                 return hit, list(rest), ready, killed_at
 
         hit, rest, ready, killed_at = asyncio.run(scenario())
-        assert hit.status == 200 and 5 <= len(hit.token_ids) < 1900
+        assert hit.status == 200 and 5 <= len(hit.token_ids) < LONG
         assert hit.error is not None and hit.error["code"] == "backend_failed"
         assert hit.end_s - killed_at < 10
         assert ready["ready"] is False and ready["reason"]
@@ -247,7 +248,7 @@ def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(sidecar: F
 
     async def scenario() -> tuple[list[StreamResult], float]:
         async with aiohttp.ClientSession() as session:
-            streams = [asyncio.create_task(stream_completion(session, s.url, body(1900)))
+            streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
                        for _ in range(12)]  # three waves of four
             await running_tokens(s, 4, 5)
             os.kill(s.proc.pid, signal.SIGTERM)
@@ -264,7 +265,7 @@ def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(sidecar: F
     assert exited <= 5.0, f"exited {exited:.1f} s after SIGTERM with --drain-seconds 3"
     cut = 0
     for r in results:
-        complete = r.status == 200 and r.error is None and len(r.token_ids) == 1900
+        complete = r.status == 200 and r.error is None and len(r.token_ids) == LONG
         if complete:
             continue
         assert r.error is not None, (r.status, len(r.token_ids))  # never silently cut
