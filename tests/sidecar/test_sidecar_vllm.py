@@ -508,7 +508,7 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
                     stream_completion(
                         session,
                         s.url,
-                        body(1500, {"kind": "deadline", "deadline_s": 300}),
+                        body(LONG, {"kind": "deadline", "deadline_s": 300}),
                         {"x-tenant": f"team-{i % 2}"},
                     )
                 )
@@ -539,7 +539,7 @@ def test_hot_reload_changes_p_and_f_without_dropping_streams(
 
     results = asyncio.run(scenario())
     for r in results:
-        assert r.status == 200 and r.error is None and len(r.token_ids) == 1500
+        assert r.status == 200 and r.error is None and len(r.token_ids) == LONG
     after = [f for f in frames() if f["describe"]["cutoff"] == 0.5]
     assert after and all(f["fairness_weight"] == 0.6 for f in after)
     # frames after the reload planned live requests with the new p and f (the streams
