@@ -191,7 +191,7 @@ async def _contend(
         async def run(name: str, doc: dict[str, Any]) -> None:
             results[name] = await stream_completion(session, s.url, doc)
 
-        blocker = asyncio.create_task(run("blocker", body(LONG, {"kind": "best_effort"})))
+        blocker = asyncio.create_task(run("blocker", body(1900, {"kind": "best_effort"})))
         tasks: list[asyncio.Task[None]] = []
         try:
             deadline = time.monotonic() + 60
@@ -380,7 +380,7 @@ def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
 
     async def scenario(s: SidecarProcess) -> tuple[int, dict[str, str], dict[str, Any]]:
         async with aiohttp.ClientSession() as session:
-            blocker = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
+            blocker = asyncio.create_task(stream_completion(session, s.url, body(1900)))
             tasks = [blocker]
             try:
                 deadline = time.monotonic() + 60
@@ -580,7 +580,7 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
         async with aiohttp.ClientSession() as session:
             # long enough to be still running when the refused request comes (the sidecar
             # exits as soon as nothing is left to drain)
-            running = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
+            running = asyncio.create_task(stream_completion(session, s.url, body(1900)))
             while not s.state()["running"]:
                 await asyncio.sleep(0.01)
             os.kill(s.proc.pid, signal.SIGTERM)
@@ -592,5 +592,5 @@ def test_sigterm_drains_running_streams(sidecar: Factory) -> None:
 
     result, refused, retry_after = asyncio.run(scenario())
     assert refused == 503 and retry_after >= 1
-    assert result.status == 200 and result.error is None and len(result.token_ids) == LONG
+    assert result.status == 200 and result.error is None and len(result.token_ids) == 1900
     assert s.proc.wait(30) == 0
