@@ -198,6 +198,7 @@ Factory = Callable[..., SidecarProcess]
 def make_factory(backend_url: str, tmp_path: Path, started: list[SidecarProcess]) -> Factory:
     def make(policy: dict[str, Any] | None = None, *, ready: bool = True,
              **settings: Any) -> SidecarProcess:
+        _wait_backend_idle(backend_url)
         config = tmp_path / f"policy-{len(started)}.yaml"
         config.write_text(yaml.safe_dump(policy or {}))
         s = SidecarProcess(backend_url, config=config, **settings)
@@ -217,3 +218,20 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def _wait_backend_idle(backend_url: str, timeout_s: float = 60.0) -> None:
+    """A test starts on a shared vLLM that runs nothing left over from the previous test
+    (an aborted request is dropped by vLLM a moment after its stream closes); bounded."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = get_text(backend_url + "/metrics")
+        except Exception:  # not a vLLM (a fake backend) or not up yet: nothing to wait for
+            return
+        busy = [line for line in text.splitlines()
+                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                and not line.rstrip().endswith(" 0.0")]
+        if not busy:
+            return
+        time.sleep(0.2)
