@@ -17,8 +17,9 @@ sequences, prefill attention pairs and decode contexts lasts, by :meth:`Profile.
 
 Cut every iteration pro rata over the slots it overlaps and sum inside slot s: with N_s
 the iterations, T_s the tokens and R_s the rest in it, both sums are at most the slot's
-length, T_s <= C*N_s, and a request decodes at most one token per iteration (u_s <= N_s;
-a program, at most as many as its widest stage), at most B per iteration in all. A
+length, T_s <= C*N_s, and at most B decode steps run per iteration. A request gains at
+most one token per iteration, so its decode steps need as many iterations inside its
+decode window (a program: its stages' longest calls, one prefill each, in sequence). A
 request's first prefill processes its p prompt tokens and p^2/2 attention pairs, then
 o - 1 decode steps at contexts p+1 ... p+o-1, each with a5 per iteration; recompute
 preemptions only add work. If it met its SLO, that work lies in its window: the first
@@ -34,9 +35,12 @@ at 0, and a latency request may only earn the tokens it could deliver on time al
 The attention pairs and the growth of the decode context are placed anywhere in the
 item's window (a relaxation), and a program's stages share the program's window.
 
-What it ignores, and where it is loose: batches are formed freely (any fractions of any
-requests in any slot), stage order inside a program, and the waste of work on requests
-that end up missing their SLO.
+What it ignores, and where it is loose: iteration sizes are free up to C (the engine fills
+each iteration with as many prompt tokens as the budget allows; the LP may run many small
+iterations, which serve decoders more often at the same cost per token), batches are
+formed freely (any fractions of any requests in any slot; a request need not hold its
+slot from admission to its last token), stage order inside a program, and the waste of
+work on requests that end up missing their SLO.
 """
 
 from __future__ import annotations
