@@ -30,9 +30,9 @@ CASES = {
         WorkloadSpec(trace="azure-code", mix=(0.5, 0.5, 0.0), duration_s=40, rate_per_s=5.0),
         {},
     ),
-    "few slots, small KV": (
+    "few slots, small budget, small KV": (
         WorkloadSpec(duration_s=40, rate_per_s=2.0, seed=3),
-        {"max_running": 8, "kv_capacity_tokens": 30_000},
+        {"max_running": 8, "chunk_token_budget": 512, "kv_capacity_tokens": 30_000},
     ),
     "small budget": (
         WorkloadSpec(duration_s=40, rate_per_s=4.0, seed=5),
