@@ -184,8 +184,10 @@ def markdown(
     if overload:
         token = [r["token_goodput_vs_baseline"] for r in overload]
         request = [r["request_goodput_vs_baseline"] for r in overload]
+        below = sum(t < 0.98 for t in token), sum(r < 0.98 for r in request)
         parts.append(
-            f"Overload cells (load >= 1.0): {len(overload)}; GMAX / best baseline, tokens: "
+            f"Overload cells (load >= 1.0): {len(overload)}; GMAX / {overload[0]['baselines']}, "
+            f"below 0.98x: {below[0]} (tokens), {below[1]} (requests); tokens: "
             f"min {min(token):.3f}, geometric mean {_geomean(token):.3f}; requests: "
             f"min {min(request):.3f}, geometric mean {_geomean(request):.3f}."
         )
