@@ -45,9 +45,7 @@ def live_vllm() -> Iterator[str]:
     port = vl.free_port()
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-op-vllm-")) / "vllm.log"
     with log_path.open("ab") as log:
-        proc = vl.start_process(
-            vl.vllm_command(python, model, port, max_num_seqs=8), log, vl.vllm_env()
-        )
+        proc = vl.start_engine(vl.vllm_command(python, model, port, max_num_seqs=8), log)
     url = f"http://127.0.0.1:{port}"
     try:
         if not vl.wait_http_ok(url + "/health", VLLM_START_TIMEOUT_S, proc):

@@ -39,10 +39,8 @@ def vllm_url() -> Iterator[str]:
     log_dir = Path(tempfile.mkdtemp(prefix="jitserve-vllm-"))
     log_path = log_dir / "vllm.log"
     with log_path.open("ab") as log:
-        proc = vl.start_process(
-            vl.vllm_command(python, model, port, max_num_seqs=16, max_model_len=4096), log,
-            vl.vllm_env()
-        )
+        proc = vl.start_engine(
+            vl.vllm_command(python, model, port, max_num_seqs=16, max_model_len=4096), log)
     url = f"http://127.0.0.1:{port}"
     try:
         if not vl.wait_http_ok(url + "/health", VLLM_START_TIMEOUT_S, proc):

@@ -34,9 +34,8 @@ def start_tiny_vllm(timeout_s: float = 600.0) -> tuple[subprocess.Popen[bytes], 
     port = vl.free_port()
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"
     with log_path.open("ab") as log:
-        proc = vl.start_process(vl.vllm_command(python, model, port, max_num_seqs=16,
-                                                max_model_len=4096), log,
-                                vl.vllm_env())
+        proc = vl.start_engine(vl.vllm_command(python, model, port, max_num_seqs=16,
+                                                max_model_len=4096), log)
     url = f"http://127.0.0.1:{port}"
     timeout_s = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", timeout_s))
     if not vl.wait_http_ok(url + "/health", timeout_s, proc):

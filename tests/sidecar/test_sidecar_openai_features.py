@@ -65,9 +65,8 @@ def vllm_tools_url() -> Iterator[str]:
     port = vl.free_port()
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-tools-")) / "vllm.log"
     with log_path.open("ab") as log:
-        proc = vl.start_process(
-            vl.vllm_command(python, model, port, max_num_seqs=8, extra=vl.TOOL_FLAGS), log,
-            vl.vllm_env())
+        proc = vl.start_engine(
+            vl.vllm_command(python, model, port, max_num_seqs=8, extra=vl.TOOL_FLAGS), log)
     url = f"http://127.0.0.1:{port}"
     try:
         timeout = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "600"))

@@ -51,6 +51,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", default=None,
                    help="front an existing vLLM at this URL instead of starting one")
     p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--vllm-nice", type=int, default=vl.ENGINE_NICE,
+                   help="the CPU vLLM's nice (default %(default)s): on one machine its engine "
+                   "keeps every core busy, and the sidecar in front of it must still get a CPU "
+                   "at once; 0: the same priority")
     p.add_argument("--model", type=Path, default=None,
                    help="model folder for vLLM (default: the tiny model, made if missing)")
     p.add_argument("--real-weights", action="store_true",
@@ -82,11 +86,13 @@ class Stack:
         self._logs: list[IO[bytes]] = []
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
-              ) -> subprocess.Popen[bytes]:
+              engine_nice: int | None = None) -> subprocess.Popen[bytes]:
+        """Start a child; ``engine_nice``: it is vLLM, started at that priority."""
         log_path = self.log_dir / f"{name}.log"
         handle = log_path.open("ab")
         self._logs.append(handle)
-        proc = vl.start_process(cmd, handle, env)
+        proc = (vl.start_process(cmd, handle, env) if engine_nice is None
+                else vl.start_engine(cmd, handle, engine_nice))
         self.children.append((name, proc, log_path))
         print(f"  {name}: pid {proc.pid}, log {log_path}", flush=True)
         return proc
@@ -157,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
                 max_num_seqs=args.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
-                vl.vllm_env())
+                engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)

@@ -25,11 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+
+log = logging.getLogger("jitserve.sidecar")
+
+STALE_RETRIES = 2
+"""Sends again of one request whose pooled connection broke before any answer."""
 
 
 class BackendUnavailable(Exception):
@@ -128,6 +134,24 @@ class VLLMBackend:
             await self._session.close()
             self._session = None
 
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None,
+                       headers: dict[str, str], timeout: aiohttp.ClientTimeout,
+                       ) -> aiohttp.ClientResponse:
+        """Send one request; again when a pooled connection broke before any answer
+        came (vLLM closed it while idle, or never read the request): vLLM either never
+        got the request or aborts it on the disconnect, so nothing runs twice. Each
+        broken connection leaves the pool, so the tries end on a fresh one."""
+        for attempt in range(STALE_RETRIES + 1):
+            try:
+                return await self.session.request(method, self.base_url + path, json=body,
+                                                  headers=headers, timeout=timeout)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+                if isinstance(err, aiohttp.ClientConnectorError) or attempt == STALE_RETRIES:
+                    raise  # vLLM refuses connections, or it is not a stale one
+                log.info("%s %s: a pooled connection broke (%s); sending again", method,
+                         path, err)
+        raise AssertionError("unreachable")
+
     def _stalled(self) -> BackendStalled:
         return BackendStalled(f"no data from the model backend for {self.stall_timeout_s:g} s "
                               "(stall timeout)")
@@ -136,8 +160,7 @@ class VLLMBackend:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s,
                                         sock_connect=self.connect_timeout_s)
         try:
-            async with self.session.request(method, self.base_url + path, json=body,
-                                            timeout=timeout) as resp:
+            async with await self._request(method, path, body, {}, timeout) as resp:
                 data = await resp.read()
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
@@ -232,8 +255,7 @@ class VLLMBackend:
             return
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         try:
-            async with self.session.post(self.base_url + path, json=body,
-                                         timeout=timeout) as resp:
+            async with await self._request("POST", path, body, {}, timeout) as resp:
                 data = await resp.read()
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
@@ -260,8 +282,7 @@ class VLLMBackend:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         try:
             async with asyncio.timeout(stall):
-                resp = await self.session.post(self.base_url + path, json=body,
-                                               headers=headers, timeout=timeout)
+                resp = await self._request("POST", path, body, headers, timeout)
         except TimeoutError as err:
             raise self._stalled() from err
         except (aiohttp.ClientError, OSError) as err:
