@@ -262,7 +262,9 @@ def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(sidecar: F
           f"{sum(r.error is not None for r in results)} of {len(results)} got an error, "
           f"{sum(r.error is None for r in results)} completed")
     assert s.proc.returncode == 0
-    assert exited <= 5.0, f"exited {exited:.1f} s after SIGTERM with --drain-seconds 3"
+    # the streams need ~30 s more (three waves of 4,000 tokens): an exit within 10 s is
+    # the drain bound at work, with room for a busy machine (measured: 2.0 s)
+    assert exited <= 10.0, f"exited {exited:.1f} s after SIGTERM with --drain-seconds 3"
     cut = 0
     for r in results:
         complete = r.status == 200 and r.error is None and len(r.token_ids) == LONG

@@ -83,7 +83,7 @@ def test_keys_configured_but_not_loadable_refuse_everyone(sidecar: Factory,
         assert status == 503 and "API keys" in ready["reason"], (what, ready)
         try_without_a_valid_key(503)
     keys_file.write_text(yaml.safe_dump({"team-a": "key-a"}))
-    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 15, "keys loaded")
+    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 30, "keys loaded")
     try_without_a_valid_key(401)
     status, _, doc = post(url, body(2), {"Authorization": "Bearer key-a"})
     assert status == 200 and doc["jitserve"]["tenant"] == "team-a"
@@ -111,7 +111,7 @@ def test_missing_secrets_fail_closed(sidecar: Factory, tmp_path: Path) -> None:
     status, _, doc = post(s.url + "/v1/completions", body(2))
     assert status == 503 and doc["error"]["code"] == "auth_unavailable", doc
     (keys_dir / "team-a-key").write_text("key-a\n")
-    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 15, "the Secret to load")
+    wait_until(lambda: get_json(s.url + "/ready")[0] == 200, 30, "the Secret to load")
     assert post(s.url + "/v1/completions", body(2))[0] == 401
     status, _, doc = post(s.url + "/v1/completions", body(2), {"Authorization": "Bearer key-a"})
     assert status == 200 and doc["jitserve"]["tenant"] == "team-a", doc
@@ -139,7 +139,7 @@ def test_bad_policy_files_are_reported_and_the_last_good_one_kept(sidecar: Facto
         assert metric(text, "jitserve_config_reloads_total", result="error") == errors
         assert metric(text, "jitserve_fairness_weight") == 0.3
     s.config.write_text(yaml.safe_dump({"scheduler": {"policy": "fcfs"}}))
-    wait_until(lambda: s.state()["policy"] == "fcfs", 15, "the good file to apply")
+    wait_until(lambda: s.state()["policy"] == "fcfs", 30, "the good file to apply")
     assert get_json(s.url + "/ready")[1].get("config_error") is None
     assert "Traceback" not in s.log_path.read_text()
 
