@@ -56,12 +56,11 @@ def test_physical_coefficients_have_the_right_units() -> None:
 
 def test_decode_batches_follow_the_engines_closed_form() -> None:
     profile = load_profile()
-    assert profile.decode_stays_memory_bound()
-    for decoders in (1, 17, 128, profile.max_running):
+    for decoders in (1, 17, 128, profile.max_running, 400, 1024):  # both linear branches
         context = decoders * 1500
         closed_form = (
-            profile.a0_s
-            + (profile.a3_s_per_decode_seq + profile.a5_s_per_seq) * decoders
+            profile.linear_s(decoders)
+            + profile.a5_s_per_seq * decoders
             + profile.a4_s_per_context_token * context
         )
         assert profile.step_s(0, 0.0, decoders, context, decoders) == pytest.approx(closed_form)

@@ -130,6 +130,21 @@ def test_decode_latency_follows_the_profile() -> None:
     assert ledger.outcomes[0].e2el_s == pytest.approx(prefill + decode, rel=1e-6)
 
 
+@pytest.mark.parametrize("decoders", [8, 400])
+def test_decode_stretches_cost_what_the_step_model_says(decoders: int) -> None:
+    # 400 decoders are past the knee where the linear layers turn compute-bound
+    profile = load_profile()
+    assert profile.linear_s(400) > profile.a0_s + profile.a3_s_per_decode_seq * 400
+    items: list[Workitem] = [
+        Request(f"r{i}", "t", DeadlineSLO(1000.0), 1, 0.0, output_tokens=50)
+        for i in range(decoders)
+    ]
+    _, ledger = simulate(items, "sarathi", max_running=512)
+    prefill = profile.step_s(decoders, decoders * 0.5, 0, 0, decoders)
+    decode = sum(profile.step_s(0, 0.0, decoders, decoders * (2 + k), decoders) for k in range(49))
+    assert [o.e2el_s for o in ledger.outcomes] == pytest.approx([prefill + decode] * decoders)
+
+
 def feasible_alone(item: Workitem, slack: float = 0.8) -> bool:
     """Meets its SLO on an idle engine, a deadline or program within ``slack`` of it: other
     requests' prefill chunks share the iterations (a 2048-token chunk takes as long as ~14

@@ -326,7 +326,7 @@ class Engine:
             self._kv_preempt()
             return
         m = max(1, min(m, kv_room // d))
-        base = profile.a0_s + (profile.a3_s_per_decode_seq + profile.a5_s_per_seq) * d
+        base = profile.linear_s(d) + profile.a5_s_per_seq * d  # d is fixed in a stretch
         context = self._decode_context()
         j = np.arange(1, m + 1, dtype=np.float64)
         # step i (1-based) sees context + d*(i-1): cumulative sum is closed form

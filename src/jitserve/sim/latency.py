@@ -5,9 +5,9 @@ T = P + D tokens pass through the linear layers (P prefill tokens in chunks c ov
 context k, D decoding sequences with contexts k_dec) and n sequences are in the batch.
 The first branch is the memory-bound regime (weights read once, small batches), the
 second the compute-bound one (a1 per token); a2 is prefill attention, a4 the KV read of
-decode attention, a5 the per-sequence LM head. A decode-only batch (T = D <= max_running)
-stays on the first branch, so its step is ``a0 + (a3 + a5)*D + a4*sum(k_dec)``: the
-closed form the engine advances decode stretches with.
+decode attention, a5 the per-sequence LM head. In a decode-only stretch D is fixed, so a
+step is ``linear_s(D) + a5*D + a4*sum(k_dec)`` with the context growing by D per step:
+the closed form the engine advances decode stretches with, on either branch.
 
 Profiles are data (``sim/profiles/*.json``, fitted by :mod:`jitserve.sim.calibrate`):
 adding a GPU or model is adding a file.
@@ -72,16 +72,6 @@ class Profile(BaseModel):
         return (
             self.a1_s_per_prefill_token * tokens
             + self.a2_s_per_attention_pair * tokens * tokens / 2
-        )
-
-    def decode_stays_memory_bound(self) -> bool:
-        """True when every decode-only batch the engine can form is on the first branch,
-        which the engine's closed-form decode stretches assume (both branches are
-        straight lines, so checking the two ends suffices)."""
-        return all(
-            self.a0_s + self.a3_s_per_decode_seq * d
-            >= self.a6_s_compute_intercept + self.a1_s_per_prefill_token * d
-            for d in (1, self.max_running)
         )
 
 
