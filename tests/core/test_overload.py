@@ -76,6 +76,20 @@ def test_latency_requests_are_never_unreachable_as_a_whole() -> None:
     assert layer.frame(view([], now=1.0)).retire == []
 
 
+def test_with_whole_requests_a_latency_request_past_its_ttft_is_unreachable() -> None:
+    layer = OverloadControlled(Spy(), load_policy({"objective": "requests"}))
+    late = live("late", arrival=0.0, slo=LatencySLO(0.5, 0.1))  # TTFT due at 0.5 s
+    on_time = live("on-time", arrival=0.8, slo=LatencySLO(0.5, 0.1))  # due at 1.3 s
+    started = live("started", arrival=0.0, slo=LatencySLO(0.5, 0.1), running=True)
+    started.first_token_s = 0.9  # late, but its stream has begun: never cut
+    for r in (late, on_time):
+        layer.enqueue(r, r.req.arrival_s)
+    plan = layer.frame(view([started], now=1.0))
+    assert [(x.request.req.request_id, x.reason.value) for x in plan.retire] == [
+        ("late", "unreachable")
+    ]
+
+
 def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
     spec = load_policy({"admission": {"maxWaitingSeconds": 5}})
     layer = OverloadControlled(EDF(), spec)

@@ -5,7 +5,9 @@ At every frame, :class:`OverloadControlled` wraps a policy and applies two rules
 
 1. **unreachable**: a request (waiting or running) whose deadline cannot be met even if
    it ran alone at full speed from now is given up *before* the policy plans the frame,
-   so it takes no place in the policy's decisions (no EDF domino);
+   so it takes no place in the policy's decisions (no EDF domino); with ``objective:
+   requests`` also a latency request that can no longer produce its first token within
+   its TTFT (its tokens count only all together);
 2. **max waiting**: a request that never started and waited longer than
    ``admission.maxWaitingSeconds`` is given up, unless the policy plans to start it soon
    (:meth:`~jitserve.scheduling.base.Policy.planned`, asked *after* the policy planned
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
-from jitserve.policy import OverloadAction, SLOPolicySpec
+from jitserve.policy import Objective, OverloadAction, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import (
     EngineView,
@@ -58,6 +60,7 @@ class OverloadControlled(Policy):
         self.enabled = spec.scheduler.mechanisms.overload_control or not self.follow_spec
         self.max_waiting_s = spec.admission.max_waiting_seconds
         self.demote_instead = spec.admission.overload_action is OverloadAction.DEMOTE
+        self.whole_requests = spec.objective is Objective.REQUESTS
 
     # ---- the queue: the inner policy's ---------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
@@ -107,7 +110,8 @@ class OverloadControlled(Policy):
         lost = [
             r
             for r in (*view.running, *waiting)
-            if r not in self._demoted and out_of_reach(r, now, view.prefill_s_per_token, decode_s)
+            if r not in self._demoted
+            and out_of_reach(r, now, view.prefill_s_per_token, decode_s, self.whole_requests)
         ]
         self._give_up(lost, RetireReason.UNREACHABLE, plan, waiting)
         gone = plan.retired()

@@ -62,12 +62,17 @@ def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
     return deadline_s(r) - (prefill_left * prefill_s + typical_remaining(r) * decode_s)
 
 
-def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
-    """The deadline cannot be met even if ``r`` ran alone at full speed from now: its
-    remaining prefill plus one decode step. Latency requests are never out of reach as a
-    whole (later tokens can still be on time)."""
+def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float,
+                 whole_requests: bool = False) -> bool:
+    """The SLO cannot be met even if ``r`` ran alone at full speed from now: its
+    remaining prefill plus one decode step past the deadline. A latency request counts
+    token by token (later tokens can still be on time), so it is never out of reach as a
+    whole, except when only ``whole_requests`` count (``objective: requests``): then one
+    that cannot produce its first token by its TTFT is lost."""
     if is_latency(r):
-        return False
+        if not whole_requests or r.first_token_s is not None:
+            return False
+        return now_s + (r.prefill_target - r.prefilled) * prefill_s > next_token_due_s(r)
     deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
     fastest = (r.prefill_target - r.prefilled) * prefill_s + decode_s
     return now_s + fastest > deadline
