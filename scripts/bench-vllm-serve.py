@@ -3,8 +3,8 @@
 
 Runs the load generator vLLM users compare servers with (``vllm.benchmarks.serve``, the
 code behind ``vllm bench serve``) in this process, once per run, alternating the sidecar
-(A) and the vLLM behind it (B) for ``--rounds`` rounds at each ``--rates`` arrival rate,
-and collects its JSON results into one table (Markdown + JSON): request throughput,
+(A) and the vLLM behind it (B) for ``--rounds`` rounds at each ``--rates`` arrival rate
+(A then B in odd rounds, B then A in even ones), and collects its JSON results into one table (Markdown + JSON): request throughput,
 output throughput, vLLM's request goodput (``--goodput ttft:MS tpot:MS``), TTFT/TPOT
 percentiles, refusals by status (429/503) and the client's own warnings. It must run
 with the interpreter that has vLLM (the CPU build's venv); it needs nothing from
@@ -282,7 +282,9 @@ def main() -> int:
     for rate in rates:
         num = max(1, round(rate * args.duration))
         for round_ in range(1, args.rounds + 1):
-            for target, url in [*sidecars, ("vllm", args.bare)]:
+            order = [*sidecars, ("vllm", args.bare)]
+            # the order flips every round: whatever drifts during a round hits both ends
+            for target, url in order if round_ % 2 else order[::-1]:
                 for _, sidecar_url in sidecars:
                     wait_idle(sidecar_url, args.bare)
                 time.sleep(2.0)
