@@ -239,8 +239,8 @@ class SLOPolicySpec(_Model):
     objective: Objective = Field(
         default=Objective.TOKENS,
         description="What goodput counts: tokens (that met their SLO) or requests (that "
-        "met it whole; a latency request that can no longer get its first token within its "
-        "TTFT is then unreachable, see admission.overloadAction).",
+        "met it whole; a latency request whose TTFT passed without a first token is then "
+        "unreachable, see admission.overloadAction).",
     )
     slo_defaults: SLODefaults = Field(
         default=SLODefaults(), description="SLOs of requests that carry none; SLO classes."

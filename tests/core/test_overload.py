@@ -80,9 +80,11 @@ def test_with_whole_requests_a_latency_request_past_its_ttft_is_unreachable() ->
     layer = OverloadControlled(Spy(), load_policy({"objective": "requests"}))
     late = live("late", arrival=0.0, slo=LatencySLO(0.5, 0.1))  # TTFT due at 0.5 s
     on_time = live("on-time", arrival=0.8, slo=LatencySLO(0.5, 0.1))  # due at 1.3 s
+    # due at 1.1 s: kept until then, whatever its prefill (5 s at 1e-4 s a token) forecasts
+    big = live("big-prompt", arrival=0.6, prompt=50000, slo=LatencySLO(0.5, 0.1))
     started = live("started", arrival=0.0, slo=LatencySLO(0.5, 0.1), running=True)
     started.first_token_s = 0.9  # late, but its stream has begun: never cut
-    for r in (late, on_time):
+    for r in (late, on_time, big):
         layer.enqueue(r, r.req.arrival_s)
     plan = layer.frame(view([started], now=1.0))
     assert [(x.request.req.request_id, x.reason.value) for x in plan.retire] == [

@@ -105,13 +105,17 @@ def test_fairness_id_is_the_tenant_when_keys_allow() -> None:
 
 
 def test_should_retry_only_when_a_retry_can_help() -> None:
-    final = [bad_request("x", "y"), retirement_error(RetireReason.UNREACHABLE, 3, 60.0),
+    final = [bad_request("x", "y"),
+             retirement_error(RetireReason.UNREACHABLE, 3, 60.0, streaming=True),
              APIError(404, "no", code="model_not_found")]
     for error in final:
         assert error.headers()["x-should-retry"] == "false", error.code
-    for error in (queue_full(2), backend_down(), retirement_error(RetireReason.MAX_WAITING, 2,
-                                                                   60.0)):
+    shed = [retirement_error(reason, 2, 60.0) for reason in RetireReason]
+    assert [(e.status, e.code) for e in shed] == [(429, "waiting_time_exceeded"),
+                                                  (429, "slo_unreachable")]
+    for error in (queue_full(2), backend_down(), *shed):
         assert error.headers()["x-should-retry"] == "true", error.code
+        assert "Retry-After" in error.headers()
 
 
 def test_request_ids_echoed_and_checked() -> None:

@@ -6,8 +6,8 @@ At every frame, :class:`OverloadControlled` wraps a policy and applies two rules
 1. **unreachable**: a request (waiting or running) whose deadline cannot be met even if
    it ran alone at full speed from now is given up *before* the policy plans the frame,
    so it takes no place in the policy's decisions (no EDF domino); with ``objective:
-   requests`` also a latency request that can no longer produce its first token within
-   its TTFT (its tokens count only all together);
+   requests`` also a latency request whose TTFT passed without a first token (its
+   tokens count only all together);
 2. **max waiting**: a request that never started and waited longer than
    ``admission.maxWaitingSeconds`` is given up, unless the policy plans to start it soon
    (:meth:`~jitserve.scheduling.base.Policy.planned`, asked *after* the policy planned

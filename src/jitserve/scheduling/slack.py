@@ -68,11 +68,13 @@ def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float
     remaining prefill plus one decode step past the deadline. A latency request counts
     token by token (later tokens can still be on time), so it is never out of reach as a
     whole, except when only ``whole_requests`` count (``objective: requests``): then one
-    that cannot produce its first token by its TTFT is lost."""
+    whose TTFT passed without a first token is lost. (Its TTFT itself, not a forecast of
+    its prefill: the measured prefill time includes queueing and would give up on
+    requests vLLM still serves in time.)"""
     if is_latency(r):
         if not whole_requests or r.first_token_s is not None:
             return False
-        return now_s + (r.prefill_target - r.prefilled) * prefill_s > next_token_due_s(r)
+        return now_s > next_token_due_s(r)
     deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
     fastest = (r.prefill_target - r.prefilled) * prefill_s + decode_s
     return now_s + fastest > deadline

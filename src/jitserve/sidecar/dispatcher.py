@@ -338,7 +338,8 @@ class Dispatcher:
             return
         self._close(job, "retired")
         error = retirement_error(gone.reason, self.retry_after_s(),
-                                 self.spec.admission.max_waiting_seconds)
+                                 self.spec.admission.max_waiting_seconds,
+                                 streaming=job.live.first_token_s is not None)
         job.events.put_nowait(Event(EventKind.ERROR, error=error))
 
     def _close(self, job: Job, outcome: str) -> None:

@@ -27,17 +27,25 @@ def label(outcome: Outcome) -> str:
     return "met" if outcome.met else "missed"
 
 
-def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: float) -> APIError:
-    """429 (retry later) for a request never started in time; 503 for one whose SLO can
-    no longer be met."""
+def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: float,
+                     streaming: bool = False) -> APIError:
+    """What a retired request gets. Before its first token it was shed for load: 429 +
+    ``Retry-After`` (a retry starts a new SLO clock), with the reason as the code. A
+    stream already under way whose SLO can no longer be met ends with a 503 event that a
+    retry of the same request cannot fix."""
     if reason is RetireReason.MAX_WAITING:
         error = queue_full(retry_after_s,
                            f"waiting time exceeded: not scheduled within {max_waiting_s:g} s")
         error.code = "waiting_time_exceeded"
         return error
-    return APIError(503, "the SLO of this request can no longer be met under the current load "
-                    "(retired by overload control)", type_="service_unavailable",
-                    code="slo_unreachable", retry_after_s=retry_after_s)
+    message = ("the SLO of this request can no longer be met under the current load "
+               "(retired by overload control)")
+    if not streaming:
+        error = queue_full(retry_after_s, message)
+        error.code = "slo_unreachable"
+        return error
+    return APIError(503, message, type_="service_unavailable", code="slo_unreachable",
+                    retry_after_s=retry_after_s)
 
 
 class Reporter:
