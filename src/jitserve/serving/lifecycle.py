@@ -178,21 +178,26 @@ class Lifecycle:
         r.generated = generated
 
     def delivered(
-        self, r: LiveRequest, times: npt.NDArray[np.float64], first_index: int
+        self, r: LiveRequest, times: npt.NDArray[np.float64] | float, first_index: int
     ) -> None:
         """Tokens ``first_index, first_index+1, ...`` of ``r`` reached the client at
-        ``times``: count those on the latency timeline and the gaps between tokens."""
+        ``times`` (a float: one token, the sidecar's hot path): count those on the latency
+        timeline and the gaps between tokens."""
         assert r.phase is Phase.RUNNING, f"tokens for {r.req.request_id} while {r.phase.value}"
-        if not times.size:
+        if isinstance(times, float):
+            count, first = 1, times
+        elif times.size:
+            count, first = int(times.size), float(times[0])
+        else:
             return
         if r.first_token_s is None:
-            r.first_token_s = float(times[0])
-        r.generated = max(r.generated, first_index + int(times.size))
+            r.first_token_s = first
+        r.generated = max(r.generated, first_index + count)
         r.prefilled = r.prefill_target
         slo = r.req.slo
         last = self._last_token_s.get(r)
-        if times.size == 1:  # the sidecar's hot path: one streamed token, no arrays
-            at = float(times[0])
+        if count == 1:  # one streamed token: no arrays
+            at = first
             if isinstance(slo, LatencySLO) and r.program is None:
                 due = r.req.arrival_s + slo.ttft_s + first_index * slo.tbt_s
                 self._ontime[r] += at <= due + 1e-9
@@ -200,6 +205,7 @@ class Lifecycle:
                 self.ledger.tbt.add(at - last)
             self._last_token_s[r] = at
             return
+        assert not isinstance(times, float)
         if isinstance(slo, LatencySLO) and r.program is None:
             dues = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
             self._ontime[r] += int(np.count_nonzero(times <= dues + 1e-9))

@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from jitserve.sidecar.watch import StallWatch
+
 log = logging.getLogger("jitserve.sidecar")
 
 STALE_RETRIES = 2
@@ -287,6 +289,7 @@ class VLLMBackend:
             raise self._stalled() from err
         except (aiohttp.ClientError, OSError) as err:
             raise BackendUnavailable(f"{path}: {type(err).__name__}: {err}") from err
+        watch = StallWatch(stall)  # one lazily re-armed timer, not one per read
         try:
             if resp.status != 200:
                 data = await resp.read()
@@ -299,11 +302,16 @@ class VLLMBackend:
             buffer = b""
             flows = False
             while not finished:
+                if flows:
+                    watch.arm()
                 try:
-                    async with asyncio.timeout(stall if flows else None):
-                        data = await resp.content.readany()
-                except TimeoutError as err:
-                    raise self._stalled() from err
+                    data = await resp.content.readany()
+                except asyncio.CancelledError:
+                    if watch.expired():
+                        raise self._stalled() from None
+                    raise
+                finally:
+                    watch.disarm()
                 if not data:
                     break
                 buffer += data
@@ -326,6 +334,7 @@ class VLLMBackend:
             raise BackendUnavailable(
                 f"backend stream broke: {type(err).__name__}: {err}") from err
         finally:
+            watch.close()
             if finished:
                 resp.release()
             else:

@@ -290,7 +290,7 @@ class Dispatcher:
                 self.metrics.kind_child("tbt", kind).observe(now - job.last_token_s)
             job.last_token_s = now
             job.segment_tokens += n
-            self.lifecycle.delivered(live, np.full(n, now), live.generated)
+            self.lifecycle.delivered(live, now if n == 1 else np.full(n, now), live.generated)
             job.generated_ids.extend(ids)
         # a forwarded chunk counts as one waiting item however many tokens it holds
         job.events.put_nowait(Event(EventKind.TOKENS, ids if raw is None else [], text, raw=raw))

@@ -19,7 +19,6 @@ then).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -30,7 +29,8 @@ from aiohttp import web
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError
 from jitserve.sidecar.jobs import Event, EventKind, Job
-from jitserve.sidecar.responses import error_response, extension
+from jitserve.sidecar.responses import error_response, extension, send
+from jitserve.sidecar.watch import StallWatch
 
 
 class Forwarder(Protocol):
@@ -127,42 +127,41 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
     parts: list[str] = []
     usage: dict[str, Any] | None = None  # sent last, with the request's outcome
     done = False
-    while True:
-        while event is not None:
-            if event.kind is EventKind.TOKENS and event.raw is not None:
-                doc = event.raw
-                doc["id"] = job.request_id
-                if doc.get("usage") is not None and not doc.get("choices"):
-                    usage = doc if parsed.include_usage else None
-                else:
-                    if not parsed.include_usage:
-                        doc.pop("usage", None)  # there because jitserve asked for usage
-                    parts.append(_sse(doc))
-            elif event.kind is EventKind.ERROR:
-                assert event.error is not None
-                parts.append(_sse(_error_body(event.error)) + "data: [DONE]\n\n")
-                done = True
+    watch = StallWatch(send_timeout_s)
+    try:
+        while True:
+            while event is not None:
+                if event.kind is EventKind.TOKENS and event.raw is not None:
+                    doc = event.raw
+                    doc["id"] = job.request_id
+                    if doc.get("usage") is not None and not doc.get("choices"):
+                        usage = doc if parsed.include_usage else None
+                    else:
+                        if not parsed.include_usage:
+                            doc.pop("usage", None)  # there because jitserve asked for usage
+                        parts.append(_sse(doc))
+                elif event.kind is EventKind.ERROR:
+                    assert event.error is not None
+                    parts.append(_sse(_error_body(event.error)) + "data: [DONE]\n\n")
+                    done = True
+                    break
+                elif event.kind is EventKind.DONE:
+                    if usage is not None:
+                        usage["jitserve"] = extension(job)
+                        parts.append(_sse(usage))
+                    parts.append("data: [DONE]\n\n")
+                    done = True
+                    break
+                event = job.events.get_nowait() if not job.events.empty() else None
+            if parts:
+                if not await send(request, resp, "".join(parts).encode(), watch):
+                    return resp
+                parts.clear()
+            if done:
                 break
-            elif event.kind is EventKind.DONE:
-                if usage is not None:
-                    usage["jitserve"] = extension(job)
-                    parts.append(_sse(usage))
-                parts.append("data: [DONE]\n\n")
-                done = True
-                break
-            event = job.events.get_nowait() if not job.events.empty() else None
-        if parts:
-            try:
-                async with asyncio.timeout(send_timeout_s):
-                    await resp.write("".join(parts).encode())
-            except (ConnectionError, TimeoutError):
-                if request.transport is not None:
-                    request.transport.close()
-                return resp
-            parts.clear()
-        if done:
-            break
-        event = await job.events.get()
+            event = await job.events.get()
+    finally:
+        watch.close()
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
     return resp

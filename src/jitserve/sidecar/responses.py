@@ -28,6 +28,7 @@ from aiohttp import web
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError, internal_error, slow_reader
 from jitserve.sidecar.jobs import Event, EventKind, Job
+from jitserve.sidecar.watch import StallWatch
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO
 
 log = logging.getLogger("jitserve.sidecar")
@@ -176,32 +177,52 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                      f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n')
     event: Event | None = first
     final: Event | None = None
-    while True:
-        while event is not None:
-            if event.kind is EventKind.TOKENS:
-                ids = f', "token_ids": {json.dumps(event.token_ids)}' if with_ids else ""
-                parts.append(f"{before}{json.dumps(event.text)}{after_open}{ids}}}]}}\n\n")
-            else:
-                final = event
+    watch = StallWatch(send_timeout_s)
+    try:
+        while True:
+            while event is not None:
+                if event.kind is EventKind.TOKENS:
+                    ids = f', "token_ids": {json.dumps(event.token_ids)}' if with_ids else ""
+                    parts.append(f"{before}{json.dumps(event.text)}{after_open}{ids}}}]}}\n\n")
+                else:
+                    final = event
+                    break
+                event = job.events.get_nowait() if not job.events.empty() else None
+            if final is not None:
+                parts.append(stream_tail(job, parsed, head, final))
+            if parts:
+                if not await send(request, resp, "".join(parts).encode(), watch):
+                    return resp  # gone or not reading: the caller cancels
+                parts.clear()
+            if final is not None:
                 break
-            event = job.events.get_nowait() if not job.events.empty() else None
-        if final is not None:
-            parts.append(stream_tail(job, parsed, head, final))
-        if parts:
-            try:
-                async with asyncio.timeout(send_timeout_s):
-                    await resp.write("".join(parts).encode())
-            except (ConnectionError, TimeoutError):  # gone or not reading: the caller cancels
-                if request.transport is not None:
-                    request.transport.close()
-                return resp
-            parts.clear()
-        if final is not None:
-            break
-        event = await job.events.get()
+            event = await job.events.get()
+    finally:
+        watch.close()
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
     return resp
+
+
+async def send(request: web.Request, resp: web.StreamResponse, data: bytes,
+               watch: StallWatch) -> bool:
+    """Write ``data`` to a streaming client; False, with the connection closed, when the
+    client is gone or took nothing for the watch's limit."""
+    watch.arm()
+    try:
+        await resp.write(data)
+    except asyncio.CancelledError:
+        if not watch.expired():
+            raise
+    except ConnectionError:
+        pass
+    else:
+        return True
+    finally:
+        watch.disarm()
+    if request.transport is not None:
+        request.transport.close()
+    return False
 
 
 def stream_tail(job: Job, parsed: ParsedRequest, head: str, final: Event) -> str:
