@@ -319,9 +319,14 @@ def test_a_compound_program_has_one_outcome_at_its_final_stage() -> None:
     assert sorted(per_call[4:], key=str) == ["finished", "met"]
 
 
-def test_retired_request_gets_429_with_retry_after() -> None:
+@pytest.mark.parametrize(("policy", "code"), [
+    ({"admission": {"maxWaitingSeconds": 0.1}}, "waiting_time_exceeded"),
+    # whole requests count: its TTFT passed without a first token, so it is unreachable
+    ({"objective": "requests", "admission": {"maxWaitingSeconds": 100}}, "slo_unreachable"),
+])
+def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], code: str) -> None:
     async def scenario() -> Job:
-        spec = load_policy({"admission": {"maxWaitingSeconds": 0.1}})
+        spec = load_policy(policy)
         d, backend, clock = make_dispatcher(spec, batch=1)
         blocker = await submit(d, Request("long", "t1", DeadlineSLO(100.0), 10, 0.0,
                                           max_tokens=200))
@@ -345,6 +350,7 @@ def test_retired_request_gets_429_with_retry_after() -> None:
     assert starved.outcome == "retired"
     event = starved.events.get_nowait()
     assert event.kind is EventKind.ERROR and event.error is not None
-    assert event.error.status == 429 and event.error.code == "waiting_time_exceeded"
+    assert event.error.status == 429 and event.error.code == code
+    assert event.error.headers()["x-should-retry"] == "true"
     assert event.error.retry_after_s is not None and event.error.retry_after_s >= 1
 
