@@ -143,16 +143,18 @@ class VLLMBackend:
         came (vLLM closed it while idle, or never read the request): vLLM either never
         got the request or aborts it on the disconnect, so nothing runs twice. Each
         broken connection leaves the pool, so the tries end on a fresh one."""
-        for attempt in range(STALE_RETRIES + 1):
+        url = self.base_url + path
+        for _ in range(STALE_RETRIES):
             try:
-                return await self.session.request(method, self.base_url + path, json=body,
-                                                  headers=headers, timeout=timeout)
+                return await self.session.request(method, url, json=body, headers=headers,
+                                                  timeout=timeout)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
-                if isinstance(err, aiohttp.ClientConnectorError) or attempt == STALE_RETRIES:
-                    raise  # vLLM refuses connections, or it is not a stale one
+                if isinstance(err, aiohttp.ClientConnectorError):
+                    raise  # vLLM refuses connections: down, not a stale connection
                 log.info("%s %s: a pooled connection broke (%s); sending again", method,
                          path, err)
-        raise AssertionError("unreachable")
+        return await self.session.request(method, url, json=body, headers=headers,
+                                          timeout=timeout)
 
     def _stalled(self) -> BackendStalled:
         return BackendStalled(f"no data from the model backend for {self.stall_timeout_s:g} s "
