@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -22,6 +21,7 @@ import yaml
 
 from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.devstack import vllm as vl
+from jitserve.sidecar.cli import serve_command
 
 
 def start_tiny_vllm(timeout_s: float = 600.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -63,31 +63,11 @@ class SidecarProcess:
         self.port = vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config
-        cmd = [
-            sys.executable,
-            "-m",
-            "jitserve.cli",
-            "sidecar",
-            "serve",
-            "--backend",
-            backend_url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--config",
-            str(config),
-            "--max-running",
-            str(max_running),
-            # 0 by default: these tests watch the sidecar's own queue order; the
-            # engine-queue tests set it
-            "--engine-queue",
-            str(engine_queue),
-            "--reload-interval",
-            "0.2",
-            "--log-level",
-            "INFO",
-        ]
+        # engine queue 0 by default: these tests watch the sidecar's own queue order; the
+        # engine-queue tests set it
+        cmd = serve_command(backend_url, self.port, config, max_running, extra=[
+            "--engine-queue", str(engine_queue), "--reload-interval", "0.2",
+            "--log-level", "INFO"])
         for key, tenant in (api_keys or {}).items():
             cmd += ["--api-key", f"{tenant}={key}"]
         if max_body_bytes is not None:

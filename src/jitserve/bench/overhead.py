@@ -167,6 +167,7 @@ def measure_proxy_overhead(
     """Start a token source and a sidecar (each its own process) on loopback, measure
     per-token latency directly and through the sidecar, stop both; returns the figures."""
     from jitserve.devstack.vllm import free_port, start_process, stop_process, wait_http_ok
+    from jitserve.sidecar.cli import serve_command
 
     source_port, sidecar_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,25 +186,8 @@ def measure_proxy_overhead(
             None,
         )
         sidecar = start_process(
-            [
-                sys.executable,
-                "-m",
-                "jitserve.cli",
-                "sidecar",
-                "serve",
-                "--backend",
-                f"http://127.0.0.1:{source_port}",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(sidecar_port),
-                "--max-running",
-                str(max(streams, 1) * 2),
-                "--config",
-                str(config),
-                "--log-level",
-                "WARNING",
-            ],
+            serve_command(f"http://127.0.0.1:{source_port}", sidecar_port, config,
+                          max(streams, 1) * 2, extra=["--log-level", "WARNING"]),
             None,
         )
         try:

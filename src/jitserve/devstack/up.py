@@ -30,6 +30,7 @@ from typing import IO, Any
 from jitserve.devstack import vllm as vl
 from jitserve.errors import CLIError
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.sidecar.cli import serve_command
 
 
 def _cli_error(message: str) -> Exception:
@@ -178,9 +179,7 @@ def main(args: argparse.Namespace) -> int:
                 print("  analyzer did not start; the sidecar uses its local estimator",
                       flush=True)
                 stack.children = [c for c in stack.children if c[1] is not proc]
-        cmd = [sys.executable, "-m", "jitserve.cli", "sidecar", "serve", "--backend", backend,
-               "--host", args.host, "--port", str(args.port), "--config", str(config),
-               "--max-running", str(args.max_num_seqs)]
+        cmd = serve_command(backend, args.port, config, args.max_num_seqs, host=args.host)
         if args.engine_queue is not None:
             cmd += ["--engine-queue", str(args.engine_queue)]
         if analyzer:

@@ -26,6 +26,16 @@ def _cli_error(message: str) -> Exception:
     return CLIError(message)
 
 
+def serve_command(backend_url: str, port: int, config: Path | str, max_running: int, *,
+                  host: str = "127.0.0.1", extra: list[str] | None = None) -> list[str]:
+    """The command line that runs ``jitserve sidecar serve`` in a child process with this
+    interpreter (``jitserve up``, the proxy-overhead bench, the tests); ``extra``: more
+    of :func:`add_serve_arguments`' flags."""
+    return [sys.executable, "-m", "jitserve.cli", "sidecar", "serve", "--backend", backend_url,
+            "--host", host, "--port", str(port), "--config", str(config),
+            "--max-running", str(max_running), *(extra or [])]
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="http://127.0.0.1:8000", help="vLLM OpenAI server URL")
     p.add_argument("--host", default="0.0.0.0")
