@@ -1,4 +1,4 @@
-"""StallWatch: one lazily re-armed timer bounds the gaps between a task's touches.
+"""StallWatch: one lazily re-armed timer bounds each await a task arms it for.
 
 The event loop runs on a virtual clock here (its ``time`` replaced): time moves only when
 a test moves it, so no assertion depends on how busy the machine is."""
@@ -35,15 +35,15 @@ async def turn() -> None:
         await asyncio.sleep(0)
 
 
-def test_touches_keep_it_alive_past_the_limit_and_silence_stalls_it() -> None:
+def test_awaits_shorter_than_the_limit_outlive_it_and_a_longer_one_stalls() -> None:
     async def body(now: list[float]) -> None:
         watch = StallWatch(1.0)
-        watch.arm()
-        for _ in range(10):  # 5 s of touches every 0.5 s against a 1 s limit
+        for _ in range(10):  # 5 s of awaits of 0.5 s each against a 1 s limit
+            watch.arm()
             now[0] += 0.5
-            watch.touch()
             await turn()
-        now[0] += 1.5  # then nothing for longer than the limit
+        watch.arm()
+        now[0] += 1.5  # then one await longer than the limit
         with pytest.raises(asyncio.CancelledError):
             await turn()
         assert watch.expired()  # the watch's cancel, taken back: the task raises its own

@@ -3,9 +3,9 @@
 ``asyncio.timeout`` around every read of a vLLM stream and every write to a client
 creates, reschedules and cancels a timer per token: about a fifth of the sidecar's CPU
 per streamed token. :class:`StallWatch` keeps one timer per stream instead and re-arms it
-lazily: :meth:`StallWatch.touch` only notes the time; the timer, when it fires, either
-finds progress (and re-arms itself at the last touch + the limit) or cancels the task,
-which then sees :meth:`StallWatch.expired` and raises its own error.
+lazily: :meth:`StallWatch.arm` before each await only notes the time; the timer, when it
+fires, either finds progress (and re-arms itself at the last arm + the limit) or cancels
+the task, which then sees :meth:`StallWatch.expired` and raises its own error.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import asyncio
 
 
 class StallWatch:
-    """Cancels the task that made it when it is :meth:`arm`-ed and nothing was
-    :meth:`touch`-ed for ``limit_s``. ``limit_s`` None: never."""
+    """Cancels the task that made it when an await it :meth:`arm`-ed for has lasted
+    ``limit_s``. ``limit_s`` None: never."""
 
     def __init__(self, limit_s: float | None) -> None:
         self.limit_s = limit_s
@@ -27,14 +27,11 @@ class StallWatch:
         self._fired = False
 
     def arm(self) -> None:
-        """From now on, at most ``limit_s`` between touches."""
+        """The await about to start may last at most ``limit_s``."""
         self._last = self._loop.time()
         self._armed = True
         if self._handle is None and self.limit_s is not None:
             self._handle = self._loop.call_at(self._last + self.limit_s, self._check)
-
-    def touch(self) -> None:
-        self._last = self._loop.time()
 
     def disarm(self) -> None:
         """No bound until the next :meth:`arm` (the timer, if pending, finds it idle)."""
