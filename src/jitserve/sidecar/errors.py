@@ -76,8 +76,10 @@ def bad_request(param: str, message: str, code: str = "invalid_value") -> APIErr
     return APIError(400, f"{param}: {message}", param=param, code=code)
 
 
-def queue_full(retry_after_s: int, message: str = "the request queue is full") -> APIError:
-    return APIError(429, message, type_="rate_limit_error", code="queue_full",
+def queue_full(retry_after_s: int, message: str = "the request queue is full",
+               code: str = "queue_full") -> APIError:
+    """429 + ``Retry-After``: shed for load (``code`` says why)."""
+    return APIError(429, message, type_="rate_limit_error", code=code,
                     retry_after_s=retry_after_s)
 
 

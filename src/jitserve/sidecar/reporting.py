@@ -34,16 +34,13 @@ def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: fl
     stream already under way whose SLO can no longer be met ends with a 503 event that a
     retry of the same request cannot fix."""
     if reason is RetireReason.MAX_WAITING:
-        error = queue_full(retry_after_s,
-                           f"waiting time exceeded: not scheduled within {max_waiting_s:g} s")
-        error.code = "waiting_time_exceeded"
-        return error
+        return queue_full(retry_after_s,
+                          f"waiting time exceeded: not scheduled within {max_waiting_s:g} s",
+                          code="waiting_time_exceeded")
     message = ("the SLO of this request can no longer be met under the current load "
                "(retired by overload control)")
     if not streaming:
-        error = queue_full(retry_after_s, message)
-        error.code = "slo_unreachable"
-        return error
+        return queue_full(retry_after_s, message, code="slo_unreachable")
     return APIError(503, message, type_="service_unavailable", code="slo_unreachable",
                     retry_after_s=retry_after_s)
 
