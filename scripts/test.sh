@@ -13,7 +13,9 @@ for setup in scripts/setup-*.sh; do
   echo "== $setup"
   bash "$setup"
 done
-echo "== ruff"; .venv/bin/ruff check src tests
+echo "== ruff"; .venv/bin/ruff check src tests scripts
 echo "== mypy"; .venv/bin/mypy
 echo "== import contracts"; .venv/bin/lint-imports
-echo "== pytest"; .venv/bin/pytest -q "$@"
+# Tests in parallel: the ones on the session's shared vLLM in one worker, the ones on the
+# shared API server in another (tests/conftest.py groups them), the rest spread over all.
+echo "== pytest"; .venv/bin/pytest -q -n "${JITSERVE_TEST_WORKERS:-3}" --dist loadgroup "$@"

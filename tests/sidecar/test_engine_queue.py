@@ -22,9 +22,10 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from sidecar_support import SidecarProcess, get_text, metric
 
 from jitserve.bench.live import stream_completion
+from tests.support.http import get_text, metric
+from tests.support.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.timeout(300)
 
