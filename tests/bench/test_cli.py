@@ -18,7 +18,7 @@ def test_bench_writes_table_json_and_plots(
         [
             "bench",
             "--duration",
-            "60",
+            "30",
             "--load",
             "1.0,1.5",
             "--policies",

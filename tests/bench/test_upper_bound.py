@@ -24,18 +24,18 @@ def simulate(items: list[Workitem], policy: str, profile: Profile) -> GoodputLed
 
 
 CASES = {
-    "azure-conv, load ~1": (WorkloadSpec(duration_s=40, rate_per_s=3.0, seed=1), {}),
-    "azure-conv, load ~2": (WorkloadSpec(duration_s=40, rate_per_s=6.0, seed=2), {}),
+    "azure-conv, load ~1": (WorkloadSpec(duration_s=20, rate_per_s=3.0, seed=1), {}),
+    "azure-conv, load ~2": (WorkloadSpec(duration_s=20, rate_per_s=6.0, seed=2), {}),
     "azure-code, latency and deadline": (
-        WorkloadSpec(trace="azure-code", mix=(0.5, 0.5, 0.0), duration_s=40, rate_per_s=5.0),
+        WorkloadSpec(trace="azure-code", mix=(0.5, 0.5, 0.0), duration_s=20, rate_per_s=5.0),
         {},
     ),
     "few slots, small budget, small KV": (
-        WorkloadSpec(duration_s=40, rate_per_s=2.0, seed=3),
+        WorkloadSpec(duration_s=20, rate_per_s=2.0, seed=3),
         {"max_running": 8, "chunk_token_budget": 512, "kv_capacity_tokens": 30_000},
     ),
     "small budget": (
-        WorkloadSpec(duration_s=40, rate_per_s=4.0, seed=5),
+        WorkloadSpec(duration_s=20, rate_per_s=4.0, seed=5),
         {"chunk_token_budget": 512},
     ),
 }
