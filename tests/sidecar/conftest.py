@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.sidecar import Factory, SidecarProcess, make_factory
+from tests.support.stall import StallRelay
 
 
 @pytest.fixture
@@ -18,3 +19,14 @@ def sidecar(vllm_url: str, tmp_path: Path) -> Iterator[Factory]:
     yield make_factory(vllm_url, tmp_path, started)
     for s in started:
         s.close()
+
+
+@pytest.fixture
+def held(vllm_url: str, tmp_path: Path) -> Iterator[tuple[StallRelay, Factory]]:
+    """Sidecars in front of the shared vLLM through a :class:`StallRelay`: the test holds
+    vLLM's work (``relay.hold()``) to keep a stream open for as long as it needs."""
+    started: list[SidecarProcess] = []
+    with StallRelay(vllm_url) as relay:
+        yield relay, make_factory(relay.url, tmp_path, started)
+        for s in started:
+            s.close()

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,57 +145,39 @@ def test_tenants_come_from_api_keys(sidecar: Factory) -> None:
 
 
 # ---- scheduling ----------------------------------------------------------------------------
-class SetupLost(Exception):
-    """The blocker finished before the contenders were queued (the machine stalled)."""
-
-
 async def _contend(
     s: SidecarProcess,
+    relay: StallRelay,
     specs: list[tuple[str, dict[str, Any]]],
 ) -> dict[str, StreamResult]:
-    """Occupy the only slot with a long blocker, queue the requests one after the other,
-    then let the blocker's client leave: the queued requests compete for the slot."""
+    """Occupy the only slot with a short blocker whose tokens the relay holds, queue the
+    requests one after the other, then release: the blocker ends and the queued requests
+    compete for the slot. The blocker cannot end before they are queued."""
     results: dict[str, StreamResult] = {}
     async with aiohttp.ClientSession() as session:
 
         async def run(name: str, doc: dict[str, Any]) -> None:
             results[name] = await stream_completion(session, s.url, doc)
 
-        blocker = asyncio.create_task(run("blocker", body(1900, {"kind": "best_effort"})))
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            deadline = time.monotonic() + 60
-            while not s.state()["running"]:
-                assert time.monotonic() < deadline, "the blocker never ran"
+        relay.hold()
+        blocker = asyncio.create_task(run("blocker", body(8, {"kind": "best_effort"})))
+        tasks = [blocker]
+        while not s.state()["running"]:
+            await asyncio.sleep(0.01)
+        for i, (name, doc) in enumerate(specs, start=1):
+            tasks.append(asyncio.create_task(run(name, doc)))
+            while s.state()["waiting"] < i:
                 await asyncio.sleep(0.01)
-            for i, (name, doc) in enumerate(specs, start=1):
-                tasks.append(asyncio.create_task(run(name, doc)))
-                while s.state()["waiting"] < i:
-                    if blocker.done() or any(t.done() for t in tasks):
-                        raise SetupLost
-                    assert time.monotonic() < deadline, f"{name} was never queued"
-                    await asyncio.sleep(0.01)
-        finally:
-            blocker.cancel()
+        assert not any(t.done() for t in tasks)
+        relay.release()
         await asyncio.gather(*tasks)
     return results
 
 
-def contend(
-    make: Callable[[], SidecarProcess],
-    specs: list[tuple[str, dict[str, Any]]],
-) -> tuple[SidecarProcess, dict[str, StreamResult]]:
-    for _ in range(3):
-        s = make()
-        try:
-            return s, asyncio.run(_contend(s, specs))
-        except SetupLost:
-            continue
-    raise AssertionError("could not queue the contenders behind a running blocker 3 times")
-
-
 @pytest.mark.parametrize("policy", ["gmax", "fcfs"])
-def test_contention_is_served_in_policy_order(sidecar: Factory, policy: str) -> None:
+def test_contention_is_served_in_policy_order(
+    held: tuple[StallRelay, Factory], policy: str
+) -> None:
     """A arrives before B; both wait behind a blocker for the only slot. GMAX must start
     B first: with the same prompt, both earn their tokens per unit of engine time alike,
     so both are in GMAX's candidate group (a fixed cutoff p = 0.5) and the group is
@@ -219,13 +200,12 @@ def test_contention_is_served_in_policy_order(sidecar: Factory, policy: str) -> 
         },
         "admission": {"maxWaitingSeconds": 600},
     }
-    s, results = contend(
-        lambda: sidecar(policy_doc, max_running=1),
-        [
-            ("A", body(600, {"kind": "deadline", "deadline_s": 3000})),
-            ("B", body(20, {"kind": "deadline", "deadline_s": 120})),
-        ],
-    )
+    relay, sidecar = held
+    s = sidecar(policy_doc, max_running=1, extra_args=["--stall-timeout", "600"])
+    results = asyncio.run(_contend(s, relay, [
+        ("A", body(600, {"kind": "deadline", "deadline_s": 3000})),
+        ("B", body(20, {"kind": "deadline", "deadline_s": 120})),
+    ]))
     a, b = results["A"], results["B"]
     assert b.status == 200 and len(b.token_ids) == 20, b.error
     dispatched = [d["request_id"] for d in s.state()["dispatches"]]
@@ -239,7 +219,9 @@ def test_contention_is_served_in_policy_order(sidecar: Factory, policy: str) -> 
         assert dispatched.index(a_id) < dispatched.index(b_id)
 
 
-def test_preempted_request_resumes_with_exactly_its_tokens(sidecar: Factory, vllm_url: str) -> None:
+def test_preempted_request_resumes_with_exactly_its_tokens(
+    held: tuple[StallRelay, Factory], vllm_url: str
+) -> None:
     """EDF preempts the running long request X when Y with an earlier deadline waits; X
     is aborted in vLLM and resumes as a continuation. Greedy decoding makes X's tokens
     checkable against an uninterrupted run: the tiny model's greedy output is a strict
@@ -258,35 +240,28 @@ def test_preempted_request_resumes_with_exactly_its_tokens(sidecar: Factory, vll
     assert status == 200
     reference = ref["choices"][0]["token_ids"]
     assert len(reference) == 600 and alternates(reference)
-    for _attempt in range(3):
-        s = sidecar({"scheduler": {"policy": "edf", "frameSteps": 4}}, max_running=1)
-        generated_before = vllm_metric(vllm_url, "vllm:generation_tokens_total")
+    relay, sidecar = held
+    s = sidecar({"scheduler": {"policy": "edf", "frameSteps": 4}}, max_running=1,
+                extra_args=["--stall-timeout", "600"])
+    generated_before = vllm_metric(vllm_url, "vllm:generation_tokens_total")
 
-        async def scenario(s: SidecarProcess = s) -> tuple[StreamResult, StreamResult]:
-            async with aiohttp.ClientSession() as session:
-                x_task = asyncio.create_task(
-                    stream_completion(
-                        session,
-                        s.url,
-                        body(600, {"kind": "deadline", "deadline_s": 120}, temperature=0),
-                    )
-                )
-                deadline = time.monotonic() + 60
-                while sum(r["generated"] for r in s.state()["running_requests"]) < 10:
-                    assert time.monotonic() < deadline
-                    if x_task.done():
-                        break
-                    await asyncio.sleep(0.005)  # until X is decoding
-                y = await stream_completion(
-                    session, s.url, body(20, {"kind": "deadline", "deadline_s": 10}, temperature=0)
-                )
-                return await x_task, y
+    async def scenario() -> tuple[StreamResult, StreamResult]:
+        async with aiohttp.ClientSession() as session:
+            x_task = asyncio.create_task(stream_completion(
+                session, s.url, body(600, {"kind": "deadline", "deadline_s": 120},
+                                     temperature=0)))
+            while sum(r["generated"] for r in s.state()["running_requests"]) < 10:
+                await asyncio.sleep(0.005)  # until X is decoding
+            relay.hold()  # X cannot finish before Y is queued and X preempted
+            y_task = asyncio.create_task(stream_completion(
+                session, s.url, body(20, {"kind": "deadline", "deadline_s": 10},
+                                     temperature=0)))
+            while metric(get_text(s.url + "/metrics"), "jitserve_preemptions_total") < 1:
+                await asyncio.sleep(0.02)
+            relay.release()
+            return await x_task, await y_task
 
-        x, y = asyncio.run(scenario())
-        assert x.status == 200 and x.token_ids == reference  # preempted or not
-        if x.extension and x.extension["preemptions"]:
-            break
-        # a stalled machine can deliver all of X before Y gets queued: try again
+    x, y = asyncio.run(scenario())
     assert y.status == 200 and len(y.token_ids) == 20
     assert x.status == 200 and x.error is None and x.finish_reason == "length"
     assert x.extension is not None and x.extension["preemptions"] >= 1
@@ -302,9 +277,8 @@ def test_preempted_request_resumes_with_exactly_its_tokens(sidecar: Factory, vll
     x_id = x.extension["request_id"]
     resumed_at = [d["generated"] for d in s.state()["dispatches"] if d["request_id"] == x_id][1]
     assert 10 <= resumed_at < 600
-    # every token was generated at least once; whether the aborted first dispatch stopped
-    # before its 600th token depends on how far vLLM ran ahead of a busy sidecar's reads
-    # (test_client_disconnect_aborts_the_vllm_request checks the abort itself)
+    # every token was generated at least once (vLLM ran on with X's first dispatch while
+    # the relay held it; test_client_disconnect_aborts_the_vllm_request checks the abort)
     generated = vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before
     assert generated >= 620
     assert metric(get_text(s.url + "/metrics"), "jitserve_preemptions_total") >= 1
@@ -339,51 +313,37 @@ def test_client_disconnect_aborts_the_vllm_request(sidecar: Factory, vllm_url: s
     assert metric(get_text(s.url + "/metrics"), "jitserve_requests_total", outcome="cancelled") == 1
 
 
-def test_full_queue_answers_429_with_retry_after(sidecar: Factory) -> None:
+def test_full_queue_answers_429_with_retry_after(held: tuple[StallRelay, Factory]) -> None:
+    """The only slot is taken by a blocker whose tokens the relay holds and the queue
+    (queueCap 2) is full: the next request gets 429 + Retry-After, queue_full."""
+    relay, sidecar = held
     policy = {
         "scheduler": {"preemption": {"enabled": False}},
-        "admission": {"queueCap": 2, "maxWaitingSeconds": 60},
+        "admission": {"queueCap": 2, "maxWaitingSeconds": 600},
     }
+    s = sidecar(policy, max_running=1, extra_args=["--stall-timeout", "600"])
 
-    async def scenario(s: SidecarProcess) -> tuple[int, dict[str, str], dict[str, Any]]:
+    async def scenario() -> tuple[int, dict[str, str], dict[str, Any], list[StreamResult]]:
         async with aiohttp.ClientSession() as session:
-            blocker = asyncio.create_task(stream_completion(session, s.url, body(1900)))
-            tasks = [blocker]
-            try:
-                deadline = time.monotonic() + 60
-                while s.state()["running"] < 1:
-                    assert time.monotonic() < deadline and not blocker.done()
+            relay.hold()
+            tasks = [asyncio.create_task(stream_completion(session, s.url, body(8)))]
+            while s.state()["running"] < 1:
+                await asyncio.sleep(0.01)
+            for n in (1, 2):
+                tasks.append(asyncio.create_task(stream_completion(session, s.url, body(8))))
+                while s.state()["waiting"] < n:
                     await asyncio.sleep(0.01)
-                for n in (1, 2):
-                    tasks.append(asyncio.create_task(stream_completion(session, s.url, body(10))))
-                    while s.state()["waiting"] < n:
-                        if blocker.done():
-                            raise SetupLost
-                        assert time.monotonic() < deadline
-                        await asyncio.sleep(0.01)
-                async with session.post(s.url + "/v1/completions", json=body(10)) as resp:
-                    answer = resp.status, dict(resp.headers), await resp.json()
-                if answer[0] != 429 and blocker.done():
-                    raise SetupLost  # the blocker ended before the last request arrived
-                return answer
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            async with session.post(s.url + "/v1/completions", json=body(8)) as resp:
+                answer = resp.status, dict(resp.headers), await resp.json()
+            assert not any(t.done() for t in tasks)
+            relay.release()
+            return (*answer, list(await asyncio.gather(*tasks)))
 
-    for _ in range(3):
-        s = sidecar(policy, max_running=1)
-        try:
-            status, headers, doc = asyncio.run(scenario(s))
-            break
-        except SetupLost:
-            continue
-    else:
-        raise AssertionError("could not fill the queue behind a running blocker 3 times")
+    status, headers, doc, served = asyncio.run(scenario())
     assert status == 429
     assert int(headers["Retry-After"]) >= 1
     assert doc["error"]["type"] == "rate_limit_error" and doc["error"]["code"] == "queue_full"
-    wait_until("cancelled streams", lambda: not s.state()["running"], 30)
+    assert [len(r.token_ids) for r in served] == [8, 8, 8]  # the admitted ones all served
     assert (
         metric(get_text(s.url + "/metrics"), "jitserve_rejections_total", reason="queue_full") == 1
     )
