@@ -54,6 +54,19 @@ def own_vllm() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         engine.stop()
 
 
+@pytest.fixture
+def own(own_vllm: tuple[subprocess.Popen[bytes], str],
+        tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Factory]]:
+    """The module's own vLLM and a factory of sidecars in front of it; after the test the
+    vLLM runs again (SIGCONT) and the sidecars are stopped."""
+    proc, url = own_vllm
+    started: list[SidecarProcess] = []
+    yield proc, make_factory(url, tmp_path, started)
+    with_signal(proc, signal.SIGCONT)
+    for s in started:
+        s.close()
+
+
 def with_signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Signal vLLM's whole process group (API server, engine core, workers)."""
     with contextlib.suppress(ProcessLookupError):
@@ -137,89 +150,78 @@ def test_poison_tenant_does_not_take_the_pod_out_of_service(sidecar: Factory) ->
 # ---- vLLM frozen, then killed ------------------------------------------------------------
 @pytest.mark.timeout(900)  # includes starting a vLLM of its own (minutes on a busy machine)
 def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
-    own_vllm: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+    own: tuple[subprocess.Popen[bytes], Factory]
 ) -> None:
-    proc, url = own_vllm
-    started: list[SidecarProcess] = []
-    s = make_factory(url, tmp_path, started)(
+    proc, sidecar = own
+    s = sidecar(
         {"admission": {"maxWaitingSeconds": 300}},
         extra_args=["--stall-timeout", str(STALL_S)])
-    try:
-        async def scenario() -> tuple[list[StreamResult], float, dict[str, Any]]:
-            async with aiohttp.ClientSession() as session:
-                streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
-                           for _ in range(2)]
-                await running_tokens(s, 2, 5)
-                with_signal(proc, signal.SIGSTOP)
-                frozen_at = time.monotonic()
-                results = await asyncio.wait_for(asyncio.gather(*streams), 120)  # no hang
-                async with session.post(s.url + "/v1/completions", json=body(4)) as resp:
-                    refused = {"status": resp.status, "body": await resp.json(),
-                               "retry_after": resp.headers.get("Retry-After")}
-                return list(results), frozen_at, refused
+    async def scenario() -> tuple[list[StreamResult], float, dict[str, Any]]:
+        async with aiohttp.ClientSession() as session:
+            streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
+                       for _ in range(2)]
+            await running_tokens(s, 2, 5)
+            with_signal(proc, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*streams), 120)  # no hang
+            async with session.post(s.url + "/v1/completions", json=body(4)) as resp:
+                refused = {"status": resp.status, "body": await resp.json(),
+                           "retry_after": resp.headers.get("Retry-After")}
+            return list(results), frozen_at, refused
 
-        results, frozen_at, refused = asyncio.run(scenario())
-        print("stall: error events", [round(r.end_s - frozen_at, 2) for r in results],
-              f"s after SIGSTOP (stall timeout {STALL_S} s)")
-        for r in results:
-            assert r.status == 200 and 5 <= len(r.token_ids) < LONG, r.error
-            assert r.error is not None and r.error["code"] == "backend_failed", r.error
-            assert "stall" in r.error["message"]
-        assert refused["status"] == 503 and refused["body"]["error"]["code"] == \
-            "backend_unavailable"
-        assert int(refused["retry_after"]) >= 1
-        assert get_json(s.url + "/ready")[0] == 503
-        with_signal(proc, signal.SIGCONT)
-        wait_until("ready after SIGCONT", lambda: get_json(s.url + "/ready")[0] == 200, 120)
-        status, _, doc = post(s.url + "/v1/completions", body(8))
-        assert status == 200 and doc["usage"]["completion_tokens"] == 8, doc
-    finally:
-        with_signal(proc, signal.SIGCONT)
-        for side in started:
-            side.close()
+    results, frozen_at, refused = asyncio.run(scenario())
+    print("stall: error events", [round(r.end_s - frozen_at, 2) for r in results],
+          f"s after SIGSTOP (stall timeout {STALL_S} s)")
+    for r in results:
+        assert r.status == 200 and 5 <= len(r.token_ids) < LONG, r.error
+        assert r.error is not None and r.error["code"] == "backend_failed", r.error
+        assert "stall" in r.error["message"]
+    assert refused["status"] == 503 and refused["body"]["error"]["code"] == \
+        "backend_unavailable"
+    assert int(refused["retry_after"]) >= 1
+    assert get_json(s.url + "/ready")[0] == 503
+    with_signal(proc, signal.SIGCONT)
+    wait_until("ready after SIGCONT", lambda: get_json(s.url + "/ready")[0] == 200, 120)
+    status, _, doc = post(s.url + "/v1/completions", body(8))
+    assert status == 200 and doc["usage"]["completion_tokens"] == 8, doc
 
 
 def test_killed_vllm_fails_running_streams_and_keeps_the_queue(
-    own_vllm: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+    own: tuple[subprocess.Popen[bytes], Factory]
 ) -> None:
-    proc, url = own_vllm
-    started: list[SidecarProcess] = []
-    s = make_factory(url, tmp_path, started)(
+    proc, sidecar = own
+    s = sidecar(
         {"admission": {"maxWaitingSeconds": 300}, "scheduler": {"preemption": {"enabled": False}}},
         max_running=1, extra_args=["--drain-seconds", "1"])
-    try:
-        async def scenario() -> tuple[StreamResult, list[StreamResult], dict[str, Any]]:
-            async with aiohttp.ClientSession() as session:
-                victim = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
-                await running_tokens(s, 1, 5)
-                queued = [asyncio.create_task(stream_completion(session, s.url, body(8)))
-                          for _ in range(2)]
-                deadline = time.monotonic() + 60
-                while s.state()["waiting"] < 2:
-                    assert time.monotonic() < deadline and not victim.done()
-                    await asyncio.sleep(0.02)
-                with_signal(proc, signal.SIGKILL)
-                hit = await asyncio.wait_for(victim, 60)
-                wait_until("/ready 503", lambda: get_json(s.url + "/ready")[0] == 503, 30)
-                _, ready = get_json(s.url + "/ready")
-                await asyncio.sleep(2)
-                assert not any(t.done() for t in queued), "a queued request was dropped"
-                # the pod is stopped: the queued requests end with an error, not silently
-                os.kill(s.proc.pid, signal.SIGTERM)
-                rest = await asyncio.wait_for(asyncio.gather(*queued), 60)
-                return hit, list(rest), ready
+    async def scenario() -> tuple[StreamResult, list[StreamResult], dict[str, Any]]:
+        async with aiohttp.ClientSession() as session:
+            victim = asyncio.create_task(stream_completion(session, s.url, body(LONG)))
+            await running_tokens(s, 1, 5)
+            queued = [asyncio.create_task(stream_completion(session, s.url, body(8)))
+                      for _ in range(2)]
+            deadline = time.monotonic() + 60
+            while s.state()["waiting"] < 2:
+                assert time.monotonic() < deadline and not victim.done()
+                await asyncio.sleep(0.02)
+            with_signal(proc, signal.SIGKILL)
+            hit = await asyncio.wait_for(victim, 60)
+            wait_until("/ready 503", lambda: get_json(s.url + "/ready")[0] == 503, 30)
+            _, ready = get_json(s.url + "/ready")
+            await asyncio.sleep(2)
+            assert not any(t.done() for t in queued), "a queued request was dropped"
+            # the pod is stopped: the queued requests end with an error, not silently
+            os.kill(s.proc.pid, signal.SIGTERM)
+            rest = await asyncio.wait_for(asyncio.gather(*queued), 60)
+            return hit, list(rest), ready
 
-        hit, rest, ready = asyncio.run(scenario())
-        assert hit.status == 200 and 5 <= len(hit.token_ids) < LONG
-        assert hit.error is not None and hit.error["code"] == "backend_failed"
-        assert ready["ready"] is False and ready["reason"]
-        for r in rest:
-            assert r.status == 503 and r.error is not None, (r.status, r.error)
-            assert r.error["code"] in ("shutting_down", "backend_unavailable")
-        assert s.proc.wait(30) == 0
-    finally:
-        for side in started:
-            side.close()
+    hit, rest, ready = asyncio.run(scenario())
+    assert hit.status == 200 and 5 <= len(hit.token_ids) < LONG
+    assert hit.error is not None and hit.error["code"] == "backend_failed"
+    assert ready["ready"] is False and ready["reason"]
+    for r in rest:
+        assert r.status == 503 and r.error is not None, (r.status, r.error)
+        assert r.error["code"] in ("shutting_down", "backend_unavailable")
+    assert s.proc.wait(30) == 0
 
 
 # ---- shutdown ------------------------------------------------------------------------------

@@ -7,25 +7,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jitserve.bench.variants import make_setup
-from jitserve.goodput import GoodputLedger, Outcome
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
 from jitserve.sim.engine import Engine
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import WorkloadSpec, generate
 from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO
+from tests.support.ledgers import RecordingLedger
 
 POLICIES = ["gmax", "gmax-exact", "gmax-mean", "fcfs", "sarathi", "edf", "lsf", "sjf", "plas"]
 
 
-class RecordingLedger(GoodputLedger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.outcomes: list[Outcome] = []
-
-    def record(self, o: Outcome) -> None:
-        super().record(o)
-        self.outcomes.append(o)
 
 
 def simulate(

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from jitserve.devstack import vllm as vl
+
 K8S_VERSION = "1.20.2"
 PATCH_LEVEL = "p2"  # scripts/setup-k8s.sh: the source patches applied to that version
 KUBECONFIG_ENV = "JITSERVE_E2E_KUBECONFIG"
@@ -74,7 +76,7 @@ class LocalControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        proc = vl.start_process(argv, log, cwd=self.workdir)  # dies with the tests
         self.processes.append(proc)
         return proc
 

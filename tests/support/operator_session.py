@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jitserve.devstack import vllm as vl
 from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
 from tests.support.k8s import cluster_kubeconfig, write_kubeconfig
@@ -250,7 +251,7 @@ class OperatorProcess:
         env = {**os.environ, **(self.env or {})}
         env.pop("KUBECONFIG", None)
         log = open(self.log_path, "ab")  # noqa: SIM115 (lives with the process)
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = vl.start_process(argv, log, env)  # dies with the tests
         if wait:  # kopf answers its liveness probe once it runs
 
             def alive() -> bool:
