@@ -31,6 +31,7 @@ class StallRelay:
         self._open = asyncio.Event()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self.relayed_bytes = 0
 
     def __enter__(self) -> StallRelay:
@@ -56,8 +57,13 @@ class StallRelay:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
 
     async def _stop(self) -> None:
+        """Close every relayed connection too: a held vLLM stream whose connection stayed
+        open would keep vLLM generating for the next test."""
         if self._server is not None:
             self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
@@ -67,6 +73,7 @@ class StallRelay:
         except OSError:
             client_w.close()
             return
+        self._writers |= {client_w, target_w}
         posting = [False]  # is this connection's current request a POST (HTTP/1.1: one at a time)
         await asyncio.gather(self._pump(client_r, target_w, posting, upstream=True),
                              self._pump(target_r, client_w, posting, upstream=False),
@@ -85,3 +92,4 @@ class StallRelay:
                 self.relayed_bytes += len(data)
         finally:
             writer.close()
+            self._writers.discard(writer)
