@@ -111,10 +111,10 @@ def start_process(cmd: list[str], log_file: IO[bytes] | None, env: dict[str, str
 
 WATCHDOG_SCRIPT = (
     'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done; '
-    'kill -0 "$2" 2>/dev/null && kill -KILL -- "-$2"'
+    'kill -0 "$2" 2>/dev/null && kill -KILL "-$2"'
 )
 """sh: poll the parent ($1) and the group leader ($2) once a second; when the parent is
-gone and the leader is not, kill the leader's whole group."""
+gone and the leader is not, kill the leader's whole group (dash's kill takes no ``--``)."""
 
 
 def kill_group_when_parent_dies(leader: int) -> None:
