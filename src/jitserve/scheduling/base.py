@@ -15,16 +15,17 @@ Ownership (as in vLLM v1, request state is separate from policy):
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import numpy as np
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.slack import latest_start_s
+from jitserve.scheduling.table import WaitingTable
 
 
 @dataclass(slots=True)
@@ -136,75 +137,12 @@ class Policy(ABC):
         return {}
 
 
-class RankedQueue:
-    """A waiting queue ordered by a key (lower first), with lazy removal: O(log n)."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, LiveRequest]] = []
-        self._live: dict[LiveRequest, int] = {}
-        self._seq = itertools.count()
-
-    def push(self, r: LiveRequest, key: float) -> None:
-        seq = next(self._seq)
-        self._live[r] = seq
-        heapq.heappush(self._heap, (key, seq, r))
-
-    def _clean(self) -> None:
-        heap = self._heap
-        while heap and self._live.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-
-    def peek(self) -> LiveRequest | None:
-        self._clean()
-        return self._heap[0][2] if self._heap else None
-
-    def peek_key(self) -> float | None:
-        self._clean()
-        return self._heap[0][0] if self._heap else None
-
-    def pop(self) -> LiveRequest | None:
-        self._clean()
-        if not self._heap:
-            return None
-        _, _, r = heapq.heappop(self._heap)
-        del self._live[r]
-        return r
-
-    def remove(self, r: LiveRequest) -> None:
-        self._live.pop(r, None)
-
-    def members(self) -> list[LiveRequest]:
-        return list(self._live)
-
-    def head(self, n: int) -> list[LiveRequest]:
-        """The first ``n`` requests in queue order, O(N log n)."""
-        if n <= 0:
-            return []
-        live = self._live
-        current = (e for e in self._heap if live.get(e[2]) == e[1])
-        return [r for _, _, r in heapq.nsmallest(n, current)]
-
-    def rebuild(self, keyed: Iterable[tuple[float, LiveRequest]]) -> None:
-        self._live.clear()
-        self._heap = []
-        for key, r in keyed:
-            seq = next(self._seq)
-            self._live[r] = seq
-            self._heap.append((key, seq, r))
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __contains__(self, r: LiveRequest) -> bool:
-        return r in self._live
-
-
 class QueuedPolicy(Policy):
-    """A policy whose waiting requests live in one :class:`RankedQueue`."""
+    """A policy whose waiting requests live in one
+    :class:`~jitserve.scheduling.table.WaitingTable`."""
 
     def __init__(self) -> None:
-        self.queue = RankedQueue()
+        self.queue = WaitingTable()
 
     def peek_next(self, now_s: float) -> LiveRequest | None:
         return self.queue.peek()
@@ -285,7 +223,7 @@ class KeyedPolicy(QueuedPolicy):
     def frame(self, view: EngineView) -> FramePlan:
         now = self._now_s = view.now_s
         if self.rekey_every_frame:
-            self.queue.rebuild((self.rank(r, now), r) for r in self.queue.members())
+            self.queue.set_keys([self.rank(r, now) for r in self.queue.rows])
         plan = FramePlan()
         if not self.preemptive or len(view.running) < view.max_running:
             return plan
@@ -293,9 +231,12 @@ class KeyedPolicy(QueuedPolicy):
         if best_waiting is None:
             return plan
         worst_first = sorted(view.running, key=lambda r: self.rank(r, now), reverse=True)
-        waiting_keys = sorted(self.rank(r, now) for r in self.queue.members())[
-            : self.max_preemptions
-        ]
+        keys = (
+            self.queue.floats("key")
+            if self.rekey_every_frame
+            else np.array([self.rank(r, now) for r in self.queue.rows])
+        )
+        waiting_keys = np.sort(keys)[: self.max_preemptions].tolist()
         for victim, challenger_key in zip(worst_first, waiting_keys, strict=False):
             if challenger_key < self.rank(victim, now):
                 plan.preempt.append(victim)

@@ -26,16 +26,20 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
+import numpy as np
+
 from jitserve.policy import Objective, OverloadAction, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import (
     EngineView,
     FramePlan,
     Policy,
+    QueuedPolicy,
     Retirement,
     RetireReason,
 )
 from jitserve.scheduling.slack import out_of_reach
+from jitserve.scheduling.table import out_of_reach_rows
 
 MIN_STEP_S = 1e-3
 
@@ -43,9 +47,12 @@ MIN_STEP_S = 1e-3
 class OverloadControlled(Policy):
     """``inner`` with overload control. ``follow_spec``: switch the layer with
     ``scheduler.mechanisms.overloadControl`` (GMAX's ablation); otherwise always on
-    (the ``-ac`` baselines)."""
+    (the ``-ac`` baselines). The rules read the waiting requests' features from the inner
+    policy's table, as arrays."""
 
-    def __init__(self, inner: Policy, spec: SLOPolicySpec, follow_spec: bool = False) -> None:
+    def __init__(
+        self, inner: QueuedPolicy, spec: SLOPolicySpec, follow_spec: bool = False
+    ) -> None:
         self.inner = inner
         self.name = inner.name if follow_spec else f"{inner.name}-ac"
         self.chunked_prefill = inner.chunked_prefill
@@ -106,14 +113,20 @@ class OverloadControlled(Policy):
         now = view.now_s
         decode_s = max(view.decode_step_s, MIN_STEP_S)
         plan = FramePlan()
-        waiting = set(self.inner.waiting_requests())
+        queue = self.inner.queue
         lost = [
             r
-            for r in (*view.running, *waiting)
+            for r in view.running
             if r not in self._demoted
             and out_of_reach(r, now, view.prefill_s_per_token, decode_s, self.whole_requests)
         ]
-        self._give_up(lost, RetireReason.UNREACHABLE, plan, waiting)
+        doomed = out_of_reach_rows(
+            queue.features(), now, view.prefill_s_per_token, decode_s, self.whole_requests
+        )
+        lost += [
+            r for r in (queue.rows[i] for i in np.flatnonzero(doomed)) if r not in self._demoted
+        ]
+        self._give_up(lost, RetireReason.UNREACHABLE, plan)
         gone = plan.retired()
         if gone:
             view = replace(view, running=[r for r in view.running if r not in gone])
@@ -121,16 +134,18 @@ class OverloadControlled(Policy):
         plan.retire.extend(x for x in inner_plan.retire if x.request not in gone)
         gone |= inner_plan.retired()
         keep = set(self.inner.planned(view))
+        queue = self.inner.queue
+        waited_long = ~queue.flags("started") & (
+            now - queue.floats("arrival") > self.max_waiting_s
+        )
         overdue = [
             r
-            for r in self.inner.waiting_requests()
-            if r.started_s is None
-            and now - r.req.arrival_s > self.max_waiting_s
-            and r not in keep
+            for r in (queue.rows[i] for i in np.flatnonzero(waited_long))
+            if r not in keep
             and r not in gone
             and r not in self._demoted
         ]
-        self._give_up(overdue, RetireReason.MAX_WAITING, plan, waiting)
+        self._give_up(overdue, RetireReason.MAX_WAITING, plan)
         gone = plan.retired()
         plan.preempt = [r for r in inner_plan.preempt if r not in gone]
         return plan
@@ -140,12 +155,11 @@ class OverloadControlled(Policy):
         rs: list[LiveRequest],
         reason: RetireReason,
         plan: FramePlan,
-        waiting: set[LiveRequest],
     ) -> None:
         for r in rs:
             if self.demote_instead:
                 self.demote(r)
                 continue
-            if r in waiting:  # out of the queue now, so the policy plans without it
+            if r in self.inner.queue:  # out of the queue now, so the policy plans without it
                 self.inner.remove(r)
             plan.retire.append(Retirement(r, reason))

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.base import Policy
+from jitserve.scheduling.base import KeyedPolicy, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF, Sarathi
 from jitserve.scheduling.gmax import GMAX
 from jitserve.scheduling.overload import OverloadControlled
 
-BASELINES: dict[str, Callable[[], Policy]] = {
+BASELINES: dict[str, Callable[[], KeyedPolicy]] = {
     "fcfs": FCFS,
     "sarathi": Sarathi,
     "edf": EDF,
