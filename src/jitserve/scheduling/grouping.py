@@ -184,18 +184,43 @@ def admit_feasible(
         i = int(np.searchsorted(running_work, cap))
         return float(running_prefix[i] + cap * (n_running - i))
 
-    backlog = float(prefill_left[:n_running].sum()) * prefill_s
-    members = (np.flatnonzero(chosen[n_running:]) + n_running).tolist()
-    members.sort(key=lambda i: start_key[i])
-    accepted: list[tuple[float, float, int]] = []  # min-heap: least value, then most work
-    queued_work = 0.0
-    frontier = -math.inf
-
     def rank(j: int) -> tuple[float, float]:
         return (math.floor(math.log(max(float(value[j]), 1e-30)) * VALUE_BUCKETS), -work_s[j])
 
     def size(j: int) -> float:
         return float(prefill_left[j]) * prefill_s
+
+    # The members up to the first one that is late need no displacement: walk them in
+    # arrays (the same sums in the same order as the loop below), the rest one by one.
+    order = np.flatnonzero(chosen[n_running:]) + n_running
+    order = order[np.argsort(start_key[order], kind="stable")]
+    sizes = prefill_left[order] * prefill_s
+    works = work_s[order]
+    backlog0 = float(prefill_left[:n_running].sum()) * prefill_s
+    backlog_at = np.cumsum(np.concatenate([[backlog0], sizes]))
+    queued_at = np.cumsum(np.concatenate([[0.0], works]))
+    due = due_s[order]
+    horizon = due - now_s
+    cap = rate * np.maximum(horizon, 0.0)
+    at = np.searchsorted(running_work, cap)
+    with np.errstate(invalid="ignore"):
+        by = np.where(
+            np.isfinite(horizon), running_prefix[at] + cap * (n_running - at), running_prefix[-1]
+        )
+    late = (now_s + backlog_at[:-1] - latest_start[order] > 0) | (
+        now_s + by + queued_at[:-1] + works - due > 0
+    )
+    bad = np.flatnonzero(late)
+    if bad.size == 0:
+        return -math.inf
+    k = int(bad[0])
+    ahead = order[:k].tolist()
+    accepted: list[tuple[float, float, int]] = [(*rank(j), j) for j in ahead]
+    heapq.heapify(accepted)  # min-heap: least value, then most work
+    backlog = float(backlog_at[k])
+    queued_work = float(queued_at[k])
+    frontier = -math.inf
+    members = order[k:].tolist()
 
     for i in members:
         late_start = now_s + backlog - latest_start[i]
