@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.slack import latest_start_s
 from jitserve.scheduling.table import WaitingTable
+
+if TYPE_CHECKING:
+    from jitserve.scheduling.overload import OverloadStage
 
 
 @dataclass(slots=True)
@@ -73,7 +77,8 @@ class FramePlan:
 
 
 class Policy(ABC):
-    """A scheduling policy. Subclasses decide order, preemption and retirement."""
+    """What the lifecycle needs of a scheduling policy: a waiting queue it fills and
+    drains, a plan at every frame, and word when a request leaves."""
 
     name: str = "policy"
     chunked_prefill: bool = True
@@ -101,36 +106,24 @@ class Policy(ABC):
     def waiting(self) -> int:
         """How many requests wait."""
 
+    @abstractmethod
     def configure(self, spec: SLOPolicySpec) -> None:
         """Apply (new) settings: at start and on hot reload of the policy file. What the
         policy learned (e.g. an auto-tuned cutoff) is kept."""
-        self.frame_steps = spec.scheduler.frame_steps
 
-    def priority_of(self, r: LiveRequest) -> float:
-        """The policy's current rank value of ``r`` (higher = served first): the sidecar
-        maps it to vLLM's ``priority``; metrics and the debug view show it."""
-        return 0.0
-
+    @abstractmethod
     def frame(self, view: EngineView) -> FramePlan:
-        """Called at every frame boundary. Default: keep everything as it is."""
-        return FramePlan()
+        """Called at every frame boundary: what to preempt and what to retire."""
 
-    def waiting_requests(self) -> list[LiveRequest]:
-        """The waiting requests, in no particular order (overload control reads them)."""
-        raise NotImplementedError(f"{type(self).__name__} does not list its waiting requests")
-
-    def planned(self, view: EngineView) -> Collection[LiveRequest]:
-        """Waiting requests this policy plans to start soon, as decided by its last
-        :meth:`frame`: overload control keeps them even past the waiting limit."""
-        return ()
-
-    def demote(self, r: LiveRequest) -> None:  # noqa: B027 - optional hook
-        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
-        demote``): serve it as best effort, after everything that still has an SLO."""
-
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:  # noqa: B027
+    @abstractmethod
+    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         """``r`` left the engine (finished, retired or cancelled) having earned
         ``goodput_tokens``; the policy forgets what it kept about ``r``."""
+
+    def priority_of(self, r: LiveRequest) -> float:
+        """The policy's current rank value of ``r`` (higher = served first): metrics and
+        the debug view show it."""
+        return 0.0
 
     def describe(self) -> dict[str, float]:
         """Live figures for metrics and status (e.g. the effective cutoff p)."""
@@ -139,10 +132,19 @@ class Policy(ABC):
 
 class QueuedPolicy(Policy):
     """A policy whose waiting requests live in one
-    :class:`~jitserve.scheduling.table.WaitingTable`."""
+    :class:`~jitserve.scheduling.table.WaitingTable`, whose frame runs inside its
+    overload stage when it has one (:mod:`~jitserve.scheduling.overload`; ``-ac``
+    baselines and GMAX), and which says what it plans to start (:meth:`planned`) and
+    serves demoted requests last (:meth:`demote`) for that stage."""
 
     def __init__(self) -> None:
         self.queue = WaitingTable()
+        self.overload: OverloadStage | None = None
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        self.frame_steps = spec.scheduler.frame_steps
+        if self.overload is not None:
+            self.overload.configure(spec)
 
     def peek_next(self, now_s: float) -> LiveRequest | None:
         return self.queue.peek()
@@ -152,16 +154,33 @@ class QueuedPolicy(Policy):
 
     def remove(self, r: LiveRequest) -> None:
         self.queue.remove(r)
+        if self.overload is not None:
+            self.overload.forget(r)
+        self.forget(r)
 
     def waiting(self) -> int:
         return len(self.queue)
 
-    def waiting_requests(self) -> list[LiveRequest]:
-        return self.queue.members()
+    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        if self.overload is not None:
+            self.overload.forget(r)
+        self.forget(r)
+        self.earned(r, goodput_tokens, now_s)
+
+    def frame(self, view: EngineView) -> FramePlan:
+        if self.overload is None:
+            return self.plan(view)
+        return self.overload.frame(self, view)
+
+    # ---- what subclasses decide ---------------------------------------------------------
+    def plan(self, view: EngineView) -> FramePlan:
+        """The policy's own plan for the frame. Default: keep everything as it is."""
+        return FramePlan()
 
     def planned(self, view: EngineView) -> Collection[LiveRequest]:
         """The head of the queue that fits the free batch slots and, prompts queued ahead
-        of it served first at the measured prefill rate, still starts in time."""
+        of it served first at the measured prefill rate, still starts in time: overload
+        control keeps them even past the waiting limit."""
         pf_s = view.prefill_s_per_token
         decode_s = max(view.decode_step_s, 1e-3)
         backlog_s = sum(r.prefill_target - r.prefilled for r in view.running) * pf_s
@@ -171,6 +190,16 @@ class QueuedPolicy(Policy):
                 out.append(r)
             backlog_s += (r.prefill_target - r.prefilled) * pf_s
         return out
+
+    def demote(self, r: LiveRequest) -> None:
+        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
+        demote``): serve it as best effort, after everything that still has an SLO."""
+
+    def forget(self, r: LiveRequest) -> None:
+        """``r`` left (the queue or the engine): drop what the policy kept about it."""
+
+    def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        """``r`` finished having earned ``goodput_tokens``."""
 
 
 DEMOTED_KEY = 1e15
@@ -213,14 +242,10 @@ class KeyedPolicy(QueuedPolicy):
         if r in self.queue:
             self.queue.push(r, self.rank(r, self._now_s))
 
-    def remove(self, r: LiveRequest) -> None:
-        super().remove(r)
+    def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
 
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        self._demoted.discard(r)
-
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         now = self._now_s = view.now_s
         if self.rekey_every_frame:
             self.queue.set_keys([self.rank(r, now) for r in self.queue.rows])

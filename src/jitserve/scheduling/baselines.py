@@ -64,10 +64,10 @@ class LSF(KeyedPolicy):
         self._prefill_s = 1e-4
         self._decode_s = 0.03
 
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         self._prefill_s = view.prefill_s_per_token
         self._decode_s = max(view.decode_step_s, 1e-3)
-        return super().frame(view)
+        return super().plan(view)
 
     def key(self, r: LiveRequest, now_s: float) -> float:
         return latest_start_s(r, self._prefill_s, self._decode_s)

@@ -147,10 +147,10 @@ class GMAX(QueuedPolicy):
     def configure(self, spec: SLOPolicySpec) -> None:
         """Apply (new) settings; used at start and on hot reload. The stages follow
         ``scheduler.mechanisms``."""
+        super().configure(spec)
         self.spec = spec
         s = spec.scheduler
         m = s.mechanisms
-        self.frame_steps = s.frame_steps
         self.speeds.z_q = normal_quantile(s.length_quantile)
         self.fair.configure(spec.fairness.weight if m.fairness else 0.0, spec.fairness)
         self.group.configure(s)
@@ -221,10 +221,6 @@ class GMAX(QueuedPolicy):
             return float(self.queue.floats("priority")[row])
         return self._priority.get(r, 0.0)
 
-    def remove(self, r: LiveRequest) -> None:
-        super().remove(r)
-        self._forget(r)
-
     def demote(self, r: LiveRequest) -> None:
         row = self.queue.row_of(r)
         if row is not None:
@@ -235,12 +231,11 @@ class GMAX(QueuedPolicy):
     def planned(self, view: EngineView) -> set[LiveRequest]:
         return self._planned
 
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+    def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         self.group.earned(goodput_tokens)
         self.fair.earned[r.req.tenant] += goodput_tokens
-        self._forget(r)
 
-    def _forget(self, r: LiveRequest) -> None:
+    def forget(self, r: LiveRequest) -> None:
         self._priority.pop(r, None)
         self._waited.pop(r, None)
         self._demoted.discard(r)
@@ -251,7 +246,7 @@ class GMAX(QueuedPolicy):
         return {"cutoff": self.group.cutoff, "median_priority": self.median_priority}
 
     # ---- the frame -------------------------------------------------------------------
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         now = view.now_s
         queue = self.queue
         speeds = self.speeds

@@ -1,7 +1,8 @@
 """Overload control as its own layer, applied to any policy (seed 003: detect overload,
 stop pretending the request set is feasible).
 
-At every frame, :class:`OverloadControlled` wraps a policy and applies two rules:
+At every frame, a policy's :class:`OverloadStage` runs the policy's plan between two
+rules (a stage the policy holds, not a wrapper around it: :func:`with_overload_control`):
 
 1. **unreachable**: a request (waiting or running) whose deadline cannot be met even if
    it ran alone at full speed from now is given up *before* the policy plans the frame,
@@ -23,8 +24,8 @@ so "the same overload control" holds by construction.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -33,7 +34,6 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import (
     EngineView,
     FramePlan,
-    Policy,
     QueuedPolicy,
     Retirement,
     RetireReason,
@@ -44,76 +44,36 @@ from jitserve.scheduling.table import out_of_reach_rows
 MIN_STEP_S = 1e-3
 
 
-class OverloadControlled(Policy):
-    """``inner`` with overload control. ``follow_spec``: switch the layer with
-    ``scheduler.mechanisms.overloadControl`` (GMAX's ablation); otherwise always on
-    (the ``-ac`` baselines). The rules read the waiting requests' features from the inner
-    policy's table, as arrays."""
+class OverloadStage:
+    """Overload control, the stage a :class:`~jitserve.scheduling.base.QueuedPolicy`
+    runs its frame inside. ``follow_spec``: switched by
+    ``scheduler.mechanisms.overloadControl`` (GMAX's ablation); otherwise always on (the
+    ``-ac`` baselines). The rules read the waiting requests' features from the policy's
+    table, as arrays."""
 
-    def __init__(
-        self, inner: QueuedPolicy, spec: SLOPolicySpec, follow_spec: bool = False
-    ) -> None:
-        self.inner = inner
-        self.name = inner.name if follow_spec else f"{inner.name}-ac"
-        self.chunked_prefill = inner.chunked_prefill
+    def __init__(self, spec: SLOPolicySpec, follow_spec: bool = False) -> None:
         self.follow_spec = follow_spec
         self._demoted: set[LiveRequest] = set()
         self.configure(spec)
 
-    # ---- settings ----------------------------------------------------------------------
     def configure(self, spec: SLOPolicySpec) -> None:
-        self.inner.configure(spec)
-        self.frame_steps = self.inner.frame_steps
         self.enabled = spec.scheduler.mechanisms.overload_control or not self.follow_spec
         self.max_waiting_s = spec.admission.max_waiting_seconds
         self.demote_instead = spec.admission.overload_action is OverloadAction.DEMOTE
         self.whole_requests = spec.objective is Objective.REQUESTS
 
-    # ---- the queue: the inner policy's ---------------------------------------------------
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self.inner.enqueue(r, now_s)
-
-    def peek_next(self, now_s: float) -> LiveRequest | None:
-        return self.inner.peek_next(now_s)
-
-    def pop_next(self, now_s: float) -> LiveRequest | None:
-        return self.inner.pop_next(now_s)
-
-    def remove(self, r: LiveRequest) -> None:
+    def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
-        self.inner.remove(r)
-
-    def waiting(self) -> int:
-        return self.inner.waiting()
-
-    def waiting_requests(self) -> list[LiveRequest]:
-        return self.inner.waiting_requests()
-
-    def planned(self, view: EngineView) -> Collection[LiveRequest]:
-        return self.inner.planned(view)
-
-    def priority_of(self, r: LiveRequest) -> float:
-        return self.inner.priority_of(r)
-
-    def demote(self, r: LiveRequest) -> None:
-        self._demoted.add(r)
-        self.inner.demote(r)
-
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        self._demoted.discard(r)
-        self.inner.on_finish(r, goodput_tokens, now_s)
-
-    def describe(self) -> dict[str, float]:
-        return self.inner.describe()
 
     # ---- the frame -----------------------------------------------------------------------
-    def frame(self, view: EngineView) -> FramePlan:
+    def frame(self, policy: QueuedPolicy, view: EngineView) -> FramePlan:
+        """``policy``'s plan for the frame, inside the two rules."""
         if not self.enabled:
-            return self.inner.frame(view)
+            return policy.plan(view)
         now = view.now_s
         decode_s = max(view.decode_step_s, MIN_STEP_S)
         plan = FramePlan()
-        queue = self.inner.queue
+        queue = policy.queue
         lost = [
             r
             for r in view.running
@@ -126,15 +86,14 @@ class OverloadControlled(Policy):
         lost += [
             r for r in (queue.rows[i] for i in np.flatnonzero(doomed)) if r not in self._demoted
         ]
-        self._give_up(lost, RetireReason.UNREACHABLE, plan)
+        self._give_up(policy, lost, RetireReason.UNREACHABLE, plan)
         gone = plan.retired()
         if gone:
             view = replace(view, running=[r for r in view.running if r not in gone])
-        inner_plan = self.inner.frame(view)
+        inner_plan = policy.plan(view)
         plan.retire.extend(x for x in inner_plan.retire if x.request not in gone)
         gone |= inner_plan.retired()
-        keep = set(self.inner.planned(view))
-        queue = self.inner.queue
+        keep = set(policy.planned(view))
         waited_long = ~queue.flags("started") & (
             now - queue.floats("arrival") > self.max_waiting_s
         )
@@ -145,21 +104,37 @@ class OverloadControlled(Policy):
             and r not in gone
             and r not in self._demoted
         ]
-        self._give_up(overdue, RetireReason.MAX_WAITING, plan)
+        self._give_up(policy, overdue, RetireReason.MAX_WAITING, plan)
         gone = plan.retired()
         plan.preempt = [r for r in inner_plan.preempt if r not in gone]
         return plan
 
     def _give_up(
         self,
+        policy: QueuedPolicy,
         rs: list[LiveRequest],
         reason: RetireReason,
         plan: FramePlan,
     ) -> None:
         for r in rs:
             if self.demote_instead:
-                self.demote(r)
+                self._demoted.add(r)
+                policy.demote(r)
                 continue
-            if r in self.inner.queue:  # out of the queue now, so the policy plans without it
-                self.inner.remove(r)
+            if r in policy.queue:  # out of the queue now, so the policy plans without it
+                policy.queue.remove(r)
+                policy.forget(r)
             plan.retire.append(Retirement(r, reason))
+
+
+P = TypeVar("P", bound=QueuedPolicy)
+
+
+def with_overload_control(policy: P, spec: SLOPolicySpec, follow_spec: bool = False) -> P:
+    """``policy`` running its frames inside overload control; a baseline's name gets
+    the ``-ac`` suffix (GMAX, ``follow_spec``, keeps its name)."""
+    policy.overload = OverloadStage(spec, follow_spec)
+    if not follow_spec:
+        policy.name = f"{policy.name}-ac"
+    policy.configure(spec)
+    return policy
