@@ -87,9 +87,7 @@ class FairShare:
                 self.earned[t] *= d
         self._last_s = now_s
 
-    def update(
-        self, tenant: npt.NDArray[np.int64], codes: TenantCodes, priority: FloatArray
-    ) -> None:
+    def update(self, tenant: npt.NDArray[np.int64], codes: TenantCodes, median: float) -> None:
         """New claims for the tenants of the live requests (``tenant``: their codes)."""
         if self.f <= 0:
             self.claims = np.zeros(0)
@@ -97,7 +95,7 @@ class FairShare:
         live = [codes.names[c] for c in np.unique(tenant).tolist()]
         by_name = fair_claims(live, self.earned, self.settings)
         self.claims = np.array([by_name.get(name, 1.0) for name in codes.names])
-        self.scale = float(priority.max()) if priority.size else 0.0
+        self.scale = 2.0 * median
 
     def claim_of(self, tenant: npt.NDArray[np.int64]) -> FloatArray:
         claims = self.claims
@@ -276,7 +274,7 @@ class GMAX(QueuedPolicy):
                 now, scores.need_s[:first][ok], view.decode_step_s, speeds.token_s * first
             )
         hopeless = scores.gain <= 0
-        self.fair.update(live.tenant, queue.tenants, scores.priority)
+        self.fair.update(live.tenant, queue.tenants, scores.median)
         priority = self.fair.blend(scores.priority, live.tenant, hopeless)
         for r, p in zip(running, priority[:first].tolist(), strict=True):
             self._priority[r] = p
