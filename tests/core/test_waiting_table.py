@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jitserve.requests import LiveProgram, LiveRequest, LLMCall, Program, Request, Stage
+from jitserve.scheduling.registry import BASELINES
 from jitserve.scheduling.slack import out_of_reach
 from jitserve.scheduling.table import WaitingTable, features_of, out_of_reach_rows
 from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO
@@ -68,3 +69,14 @@ def test_columns_follow_their_rows_through_removals() -> None:
     mine, theirs = table.features(), features_of(table.rows)
     for name in ("arrival", "prefill_left", "deadline", "whole_deadline", "remaining"):
         assert getattr(mine, name).tolist() == getattr(theirs, name).tolist()
+
+
+@pytest.mark.parametrize("name", ["fcfs", "edf", "lsf", "sjf"])
+def test_a_baselines_array_key_is_its_key(name: str) -> None:
+    policy = BASELINES[name]()
+    rs = mixed(200, seed=11)
+    for r in rs:
+        r.expected = r.bound * 0.7
+    keys = policy.keys(features_of(rs), 12.0)
+    assert keys is not None
+    assert keys.tolist() == [policy.key(r, 12.0) for r in rs]

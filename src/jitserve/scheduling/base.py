@@ -26,7 +26,7 @@ import numpy as np
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.slack import latest_start_s
-from jitserve.scheduling.table import WaitingTable
+from jitserve.scheduling.table import Features, FloatArray, WaitingTable
 
 if TYPE_CHECKING:
     from jitserve.scheduling.overload import OverloadStage
@@ -207,7 +207,9 @@ DEMOTED_KEY = 1e15
 
 
 class KeyedPolicy(QueuedPolicy):
-    """A policy defined by one sort key (lower = served first).
+    """A policy defined by one sort key (lower = served first): a baseline is its key,
+    given per request (:meth:`key`) and, where it is a function of the waiting table's
+    columns, over the whole queue at once (:meth:`keys`).
 
     ``rekey_every_frame``: keys that change with time or progress are recomputed at
     frame boundaries. ``preemptive``: at a frame, running requests whose key is worse
@@ -225,6 +227,11 @@ class KeyedPolicy(QueuedPolicy):
     @abstractmethod
     def key(self, r: LiveRequest, now_s: float) -> float:
         """Sort key; lower runs first."""
+
+    def keys(self, features: Features, now_s: float) -> FloatArray | None:
+        """:meth:`key` of every waiting request from its features (None: not a function
+        of them; :meth:`key` is asked per request)."""
+        return None
 
     def rank(self, r: LiveRequest, now_s: float) -> float:
         """The key, after everything else once overload control demoted ``r``."""
@@ -245,10 +252,23 @@ class KeyedPolicy(QueuedPolicy):
     def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
 
+    def _rekey(self, now_s: float) -> None:
+        queue = self.queue
+        keys = self.keys(queue.features(), now_s)
+        if keys is None:
+            queue.set_keys([self.rank(r, now_s) for r in queue.rows])
+            return
+        rows = [queue.row_of(r) for r in self._demoted]
+        demoted = [i for i in rows if i is not None]
+        if demoted:
+            keys = keys.copy()
+            keys[demoted] += DEMOTED_KEY
+        queue.set_keys(keys)
+
     def plan(self, view: EngineView) -> FramePlan:
         now = self._now_s = view.now_s
         if self.rekey_every_frame:
-            self.queue.set_keys([self.rank(r, now) for r in self.queue.rows])
+            self._rekey(now)
         plan = FramePlan()
         if not self.preemptive or len(view.running) < view.max_running:
             return plan
