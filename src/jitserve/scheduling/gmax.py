@@ -164,13 +164,15 @@ class GMAX(QueuedPolicy):
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         self._running.discard(r)  # preempted requests come back here
         queue = self.queue
+        fresh = r not in queue  # else: its bounds were refined while it waited
         queue.push(r, 0.0)
         row = queue.row_of(r)
         assert row is not None
-        queue.ints("waited")[row] = self._waited.pop(r, 0)
-        queue.flags("demoted")[row] = r in self._demoted
-        self._demoted.discard(r)
-        self._priority.pop(r, None)
+        if fresh:
+            queue.ints("waited")[row] = self._waited.pop(r, 0)
+            queue.flags("demoted")[row] = r in self._demoted
+            self._demoted.discard(r)
+            self._priority.pop(r, None)
         one = _rows(queue.features(), row)
         scores = score_features(one, now_s, self.speeds, self.spec, self.median_priority)
         hopeless = scores.gain <= 0

@@ -190,10 +190,16 @@ class WaitingTable:
 
     # ---- the queue ----------------------------------------------------------------------
     def push(self, r: LiveRequest, key: float) -> None:
-        """Add ``r`` (or, if it is in already, give it a new key)."""
+        """Add ``r``; if it is in already, read its features again (its bounds were
+        refined while it waited) and give it ``key``, keeping what the policy wrote
+        (frames waited, demotion, priority)."""
         i = self._row.get(r)
         if i is not None:
-            self._f[FLOAT_COLUMNS.index("key"), i] = key
+            floats, flags, ints = feature_row(r, self.tenants)
+            self._f[:11, i] = floats
+            self._f[11, i] = key
+            self._b[:3, i] = flags[:3]
+            self._i[:2, i] = ints[:2]
             return
         i = len(self.rows)
         if i == self._cap:
