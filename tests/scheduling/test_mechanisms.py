@@ -45,8 +45,9 @@ def test_every_mechanism_has_an_ablation_variant() -> None:
         if field == "refinement":
             assert isinstance(setup.estimator, FrozenBounds)
         else:
-            inner = setup.policy.inner  # type: ignore[attr-defined]
-            assert getattr(inner.spec.scheduler.mechanisms, field) is False
+            gmax = setup.policy
+            assert isinstance(gmax, GMAX)
+            assert getattr(gmax.spec.scheduler.mechanisms, field) is False
 
 
 def test_cutoff_off_lets_every_top_candidate_into_the_window() -> None:

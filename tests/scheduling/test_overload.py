@@ -9,7 +9,7 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, FramePlan, Policy, QueuedPolicy
 from jitserve.scheduling.baselines import EDF
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.overload import OverloadControlled
+from jitserve.scheduling.overload import with_overload_control
 from jitserve.scheduling.registry import BASELINES, make_policy, scheduler_names
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
@@ -31,7 +31,7 @@ class Spy(QueuedPolicy):
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         self.queue.push(r, r.req.arrival_s)
 
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         ids = {r.req.request_id for r in (*view.running, *self.queue.members())}
         self.seen.append(ids)
         return FramePlan()
@@ -45,16 +45,17 @@ def test_every_baseline_has_an_ac_form_built_on_the_same_layer() -> None:
     for name in BASELINES:
         raw = make_policy(spec, name=name)
         ac = make_policy(spec, name=f"{name}-ac")
-        assert not isinstance(raw, OverloadControlled)
-        assert isinstance(ac, OverloadControlled) and type(ac.inner) is type(raw)
+        assert isinstance(raw, QueuedPolicy) and raw.overload is None
+        assert isinstance(ac, QueuedPolicy) and ac.overload is not None
+        assert type(ac) is type(raw)
         assert ac.name == f"{name}-ac" and f"{name}-ac" in scheduler_names()
     gmax = make_policy(spec, name="gmax")
-    assert isinstance(gmax, OverloadControlled) and isinstance(gmax.inner, GMAX)
+    assert isinstance(gmax, GMAX) and gmax.overload is not None and gmax.name == "gmax"
 
 
 def test_unreachable_work_is_retired_before_the_policy_plans() -> None:
     spy = Spy()
-    layer = OverloadControlled(spy, SLOPolicySpec())
+    layer = with_overload_control(spy, SLOPolicySpec())
     # 50k prompt tokens at 1e-4 s each: 5 s of prefill against a 2 s deadline
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     running_doomed = live("running-doomed", arrival=0.0, slo=DeadlineSLO(5), running=True)
@@ -69,14 +70,14 @@ def test_unreachable_work_is_retired_before_the_policy_plans() -> None:
 
 
 def test_latency_requests_are_never_unreachable_as_a_whole() -> None:
-    layer = OverloadControlled(Spy(), SLOPolicySpec())
+    layer = with_overload_control(Spy(), SLOPolicySpec())
     late = live("late-latency", arrival=0.0, prompt=50000, slo=LatencySLO(0.5, 0.1))
     layer.enqueue(late, 0.0)
     assert layer.frame(view([], now=1.0)).retire == []
 
 
 def test_with_whole_requests_a_latency_request_past_its_ttft_is_unreachable() -> None:
-    layer = OverloadControlled(Spy(), load_policy({"objective": "requests"}))
+    layer = with_overload_control(Spy(), load_policy({"objective": "requests"}))
     late = live("late", arrival=0.0, slo=LatencySLO(0.5, 0.1))  # TTFT due at 0.5 s
     on_time = live("on-time", arrival=0.8, slo=LatencySLO(0.5, 0.1))  # due at 1.3 s
     # due at 1.1 s: kept until then, whatever its prefill (5 s at 1e-4 s a token) forecasts
@@ -93,7 +94,7 @@ def test_with_whole_requests_a_latency_request_past_its_ttft_is_unreachable() ->
 
 def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
     spec = load_policy({"admission": {"maxWaitingSeconds": 5}})
-    layer = OverloadControlled(EDF(), spec)
+    layer = with_overload_control(EDF(), spec)
     stale = live("stale", arrival=0.0, slo=DeadlineSLO(1000))
     started = live("started", arrival=0.0, slo=DeadlineSLO(1000))
     started.started_s = 1.0  # ran before and was preempted: not "never started"
@@ -107,7 +108,7 @@ def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
         ("stale", "max_waiting")
     ]
     # with room, the head of EDF's queue is planned and kept past the waiting limit
-    layer2 = OverloadControlled(EDF(), spec)
+    layer2 = with_overload_control(EDF(), spec)
     stale2 = live("stale", arrival=0.0, slo=DeadlineSLO(1000))
     layer2.enqueue(stale2, 8.0)
     assert layer2.frame(view([], now=10.0, batch=4)).retire == []

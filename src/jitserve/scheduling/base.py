@@ -15,16 +15,21 @@ Ownership (as in vLLM v1, request state is separate from policy):
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.slack import latest_start_s
+from jitserve.scheduling.table import Features, FloatArray, WaitingTable
+
+if TYPE_CHECKING:
+    from jitserve.scheduling.overload import OverloadStage
 
 
 @dataclass(slots=True)
@@ -72,7 +77,8 @@ class FramePlan:
 
 
 class Policy(ABC):
-    """A scheduling policy. Subclasses decide order, preemption and retirement."""
+    """What the lifecycle needs of a scheduling policy: a waiting queue it fills and
+    drains, a plan at every frame, and word when a request leaves."""
 
     name: str = "policy"
     chunked_prefill: bool = True
@@ -100,111 +106,45 @@ class Policy(ABC):
     def waiting(self) -> int:
         """How many requests wait."""
 
+    @abstractmethod
     def configure(self, spec: SLOPolicySpec) -> None:
         """Apply (new) settings: at start and on hot reload of the policy file. What the
         policy learned (e.g. an auto-tuned cutoff) is kept."""
-        self.frame_steps = spec.scheduler.frame_steps
 
-    def priority_of(self, r: LiveRequest) -> float:
-        """The policy's current rank value of ``r`` (higher = served first): the sidecar
-        maps it to vLLM's ``priority``; metrics and the debug view show it."""
-        return 0.0
-
+    @abstractmethod
     def frame(self, view: EngineView) -> FramePlan:
-        """Called at every frame boundary. Default: keep everything as it is."""
-        return FramePlan()
+        """Called at every frame boundary: what to preempt and what to retire."""
 
-    def waiting_requests(self) -> list[LiveRequest]:
-        """The waiting requests, in no particular order (overload control reads them)."""
-        raise NotImplementedError(f"{type(self).__name__} does not list its waiting requests")
-
-    def planned(self, view: EngineView) -> Collection[LiveRequest]:
-        """Waiting requests this policy plans to start soon, as decided by its last
-        :meth:`frame`: overload control keeps them even past the waiting limit."""
-        return ()
-
-    def demote(self, r: LiveRequest) -> None:  # noqa: B027 - optional hook
-        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
-        demote``): serve it as best effort, after everything that still has an SLO."""
-
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:  # noqa: B027
+    @abstractmethod
+    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         """``r`` left the engine (finished, retired or cancelled) having earned
         ``goodput_tokens``; the policy forgets what it kept about ``r``."""
+
+    def priority_of(self, r: LiveRequest) -> float:
+        """The policy's current rank value of ``r`` (higher = served first): metrics and
+        the debug view show it."""
+        return 0.0
 
     def describe(self) -> dict[str, float]:
         """Live figures for metrics and status (e.g. the effective cutoff p)."""
         return {}
 
 
-class RankedQueue:
-    """A waiting queue ordered by a key (lower first), with lazy removal: O(log n)."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, LiveRequest]] = []
-        self._live: dict[LiveRequest, int] = {}
-        self._seq = itertools.count()
-
-    def push(self, r: LiveRequest, key: float) -> None:
-        seq = next(self._seq)
-        self._live[r] = seq
-        heapq.heappush(self._heap, (key, seq, r))
-
-    def _clean(self) -> None:
-        heap = self._heap
-        while heap and self._live.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-
-    def peek(self) -> LiveRequest | None:
-        self._clean()
-        return self._heap[0][2] if self._heap else None
-
-    def peek_key(self) -> float | None:
-        self._clean()
-        return self._heap[0][0] if self._heap else None
-
-    def pop(self) -> LiveRequest | None:
-        self._clean()
-        if not self._heap:
-            return None
-        _, _, r = heapq.heappop(self._heap)
-        del self._live[r]
-        return r
-
-    def remove(self, r: LiveRequest) -> None:
-        self._live.pop(r, None)
-
-    def members(self) -> list[LiveRequest]:
-        return list(self._live)
-
-    def head(self, n: int) -> list[LiveRequest]:
-        """The first ``n`` requests in queue order, O(N log n)."""
-        if n <= 0:
-            return []
-        live = self._live
-        current = (e for e in self._heap if live.get(e[2]) == e[1])
-        return [r for _, _, r in heapq.nsmallest(n, current)]
-
-    def rebuild(self, keyed: Iterable[tuple[float, LiveRequest]]) -> None:
-        self._live.clear()
-        self._heap = []
-        for key, r in keyed:
-            seq = next(self._seq)
-            self._live[r] = seq
-            self._heap.append((key, seq, r))
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __contains__(self, r: LiveRequest) -> bool:
-        return r in self._live
-
-
 class QueuedPolicy(Policy):
-    """A policy whose waiting requests live in one :class:`RankedQueue`."""
+    """A policy whose waiting requests live in one
+    :class:`~jitserve.scheduling.table.WaitingTable`, whose frame runs inside its
+    overload stage when it has one (:mod:`~jitserve.scheduling.overload`; ``-ac``
+    baselines and GMAX), and which says what it plans to start (:meth:`planned`) and
+    serves demoted requests last (:meth:`demote`) for that stage."""
 
     def __init__(self) -> None:
-        self.queue = RankedQueue()
+        self.queue = WaitingTable()
+        self.overload: OverloadStage | None = None
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        self.frame_steps = spec.scheduler.frame_steps
+        if self.overload is not None:
+            self.overload.configure(spec)
 
     def peek_next(self, now_s: float) -> LiveRequest | None:
         return self.queue.peek()
@@ -214,16 +154,33 @@ class QueuedPolicy(Policy):
 
     def remove(self, r: LiveRequest) -> None:
         self.queue.remove(r)
+        if self.overload is not None:
+            self.overload.forget(r)
+        self.forget(r)
 
     def waiting(self) -> int:
         return len(self.queue)
 
-    def waiting_requests(self) -> list[LiveRequest]:
-        return self.queue.members()
+    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        if self.overload is not None:
+            self.overload.forget(r)
+        self.forget(r)
+        self.earned(r, goodput_tokens, now_s)
+
+    def frame(self, view: EngineView) -> FramePlan:
+        if self.overload is None:
+            return self.plan(view)
+        return self.overload.frame(self, view)
+
+    # ---- what subclasses decide ---------------------------------------------------------
+    def plan(self, view: EngineView) -> FramePlan:
+        """The policy's own plan for the frame. Default: keep everything as it is."""
+        return FramePlan()
 
     def planned(self, view: EngineView) -> Collection[LiveRequest]:
         """The head of the queue that fits the free batch slots and, prompts queued ahead
-        of it served first at the measured prefill rate, still starts in time."""
+        of it served first at the measured prefill rate, still starts in time: overload
+        control keeps them even past the waiting limit."""
         pf_s = view.prefill_s_per_token
         decode_s = max(view.decode_step_s, 1e-3)
         backlog_s = sum(r.prefill_target - r.prefilled for r in view.running) * pf_s
@@ -234,13 +191,25 @@ class QueuedPolicy(Policy):
             backlog_s += (r.prefill_target - r.prefilled) * pf_s
         return out
 
+    def demote(self, r: LiveRequest) -> None:
+        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
+        demote``): serve it as best effort, after everything that still has an SLO."""
+
+    def forget(self, r: LiveRequest) -> None:
+        """``r`` left (the queue or the engine): drop what the policy kept about it."""
+
+    def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
+        """``r`` finished having earned ``goodput_tokens``."""
+
 
 DEMOTED_KEY = 1e15
 """Added to a demoted request's sort key: best effort runs after everything with an SLO."""
 
 
 class KeyedPolicy(QueuedPolicy):
-    """A policy defined by one sort key (lower = served first).
+    """A policy defined by one sort key (lower = served first): a baseline is its key,
+    given per request (:meth:`key`) and, where it is a function of the waiting table's
+    columns, over the whole queue at once (:meth:`keys`).
 
     ``rekey_every_frame``: keys that change with time or progress are recomputed at
     frame boundaries. ``preemptive``: at a frame, running requests whose key is worse
@@ -259,6 +228,11 @@ class KeyedPolicy(QueuedPolicy):
     def key(self, r: LiveRequest, now_s: float) -> float:
         """Sort key; lower runs first."""
 
+    def keys(self, features: Features, now_s: float) -> FloatArray | None:
+        """:meth:`key` of every waiting request from its features (None: not a function
+        of them; :meth:`key` is asked per request)."""
+        return None
+
     def rank(self, r: LiveRequest, now_s: float) -> float:
         """The key, after everything else once overload control demoted ``r``."""
         return self.key(r, now_s) + (DEMOTED_KEY if r in self._demoted else 0.0)
@@ -275,17 +249,26 @@ class KeyedPolicy(QueuedPolicy):
         if r in self.queue:
             self.queue.push(r, self.rank(r, self._now_s))
 
-    def remove(self, r: LiveRequest) -> None:
-        super().remove(r)
+    def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
 
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        self._demoted.discard(r)
+    def _rekey(self, now_s: float) -> None:
+        queue = self.queue
+        keys = self.keys(queue.features(), now_s)
+        if keys is None:
+            queue.set_keys([self.rank(r, now_s) for r in queue.rows])
+            return
+        rows = [queue.row_of(r) for r in self._demoted]
+        demoted = [i for i in rows if i is not None]
+        if demoted:
+            keys = keys.copy()
+            keys[demoted] += DEMOTED_KEY
+        queue.set_keys(keys)
 
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         now = self._now_s = view.now_s
         if self.rekey_every_frame:
-            self.queue.rebuild((self.rank(r, now), r) for r in self.queue.members())
+            self._rekey(now)
         plan = FramePlan()
         if not self.preemptive or len(view.running) < view.max_running:
             return plan
@@ -293,9 +276,12 @@ class KeyedPolicy(QueuedPolicy):
         if best_waiting is None:
             return plan
         worst_first = sorted(view.running, key=lambda r: self.rank(r, now), reverse=True)
-        waiting_keys = sorted(self.rank(r, now) for r in self.queue.members())[
-            : self.max_preemptions
-        ]
+        keys = (
+            self.queue.floats("key")
+            if self.rekey_every_frame
+            else np.array([self.rank(r, now) for r in self.queue.rows])
+        )
+        waiting_keys = np.sort(keys)[: self.max_preemptions].tolist()
         for victim, challenger_key in zip(worst_first, waiting_keys, strict=False):
             if challenger_key < self.rank(victim, now):
                 plan.preempt.append(victim)

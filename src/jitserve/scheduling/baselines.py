@@ -1,5 +1,7 @@
 """Baselines the papers beat, on the same :class:`~jitserve.scheduling.base.Policy`
-interface and the same engine as GMAX. Each is one sort key (lower runs first).
+interface and the same engine as GMAX. Each is one sort key (lower runs first), per
+request and, where the key is a function of the waiting table's columns, over the whole
+queue as arrays.
 
 - ``fcfs``: vLLM's default: first come first served, whole-prompt prefill first
   (vLLM v0 batching), no preemption except under KV pressure.
@@ -21,9 +23,12 @@ GMAX runs in (:mod:`jitserve.scheduling.overload`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, FramePlan, KeyedPolicy
 from jitserve.scheduling.slack import latest_start_s, next_token_due_s, typical_remaining
+from jitserve.scheduling.table import Features, FloatArray
 
 __all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due_s"]
 
@@ -34,6 +39,9 @@ class FCFS(KeyedPolicy):
 
     def key(self, r: LiveRequest, now_s: float) -> float:
         return r.req.arrival_s
+
+    def keys(self, features: Features, now_s: float) -> FloatArray:
+        return features.arrival
 
 
 class Sarathi(FCFS):
@@ -48,6 +56,13 @@ class EDF(KeyedPolicy):
 
     def key(self, r: LiveRequest, now_s: float) -> float:
         return next_token_due_s(r)
+
+    def keys(self, features: Features, now_s: float) -> FloatArray:
+        return np.where(
+            features.is_latency,
+            features.due0 + features.generated * features.tbt,
+            features.whole_deadline,
+        )
 
 
 class LSF(KeyedPolicy):
@@ -64,13 +79,19 @@ class LSF(KeyedPolicy):
         self._prefill_s = 1e-4
         self._decode_s = 0.03
 
-    def frame(self, view: EngineView) -> FramePlan:
+    def plan(self, view: EngineView) -> FramePlan:
         self._prefill_s = view.prefill_s_per_token
         self._decode_s = max(view.decode_step_s, 1e-3)
-        return super().frame(view)
+        return super().plan(view)
 
     def key(self, r: LiveRequest, now_s: float) -> float:
         return latest_start_s(r, self._prefill_s, self._decode_s)
+
+    def keys(self, features: Features, now_s: float) -> FloatArray:
+        f, pf_s = features, self._prefill_s
+        latency = f.due0 + f.generated * f.tbt - (f.prefill_left + 1) * pf_s
+        other = f.deadline - (f.prefill_left * pf_s + f.typical * self._decode_s)
+        return np.where(f.is_latency, latency, other)
 
 
 class SJF(KeyedPolicy):
@@ -81,6 +102,9 @@ class SJF(KeyedPolicy):
 
     def key(self, r: LiveRequest, now_s: float) -> float:
         return typical_remaining(r)
+
+    def keys(self, features: Features, now_s: float) -> FloatArray:
+        return features.typical
 
 
 PLAS_QUANTUM_TOKENS = 400

@@ -1,6 +1,9 @@
 """GMAX's group: which B requests run in the next frame, and in which order the waiting
 ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
 
+- :class:`GroupFilter`: the stage, and the one owner of the cutoff p (fixed, or learned
+  by its :class:`~jitserve.scheduling.cutoff.CutoffTuner`) and of the bar an arrival
+  must clear to join the group between frames;
 - :func:`choose_group`: keep the top ``k * B`` requests with priority >= ``p`` x the
   B-th best (the cutoff), sort them by input length and take the size-B window with the
   largest priority sum (the length window). Either step can be switched off
@@ -15,11 +18,15 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.policy import CutoffMode
+from jitserve.policy_scheduler import SchedulerSettings
 from jitserve.requests import LiveRequest
+from jitserve.scheduling.cutoff import CutoffTuner
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -28,18 +35,91 @@ VALUE_BUCKETS = 8
 among equals the member with more work goes (more requests then meet their SLO)."""
 
 
+class GroupFilter:
+    """Chooses the group at each frame and keeps what an arrival must clear to join it."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self.tuner: CutoffTuner | None = None
+        self.fixed: float | None = None
+        """The configured p when not tuned online; None: the tuner's."""
+        self.enabled = True
+        self.length_window = True
+        self.candidate_factor = 4
+        self.threshold = -math.inf
+        """Priority an arrival needs to join the current group (p x the B-th best)."""
+        self.frontier = -math.inf
+        """Under overload, the most valuable member the last frame displaced: an arrival
+        worth no more would be displaced too."""
+
+    def configure(self, s: SchedulerSettings) -> None:
+        """New settings; what the tuner learned is kept."""
+        c = s.cutoff
+        if self.tuner is None:
+            self.tuner = CutoffTuner(c.candidates, c.value, c.epoch_frames, self._seed)
+        else:
+            self.tuner.reconfigure(c.candidates, c.value, c.epoch_frames)
+        self.fixed = None if c.mode is CutoffMode.AUTO else c.value
+        self.enabled = s.mechanisms.cutoff
+        self.length_window = s.mechanisms.length_window
+        self.candidate_factor = s.candidate_factor
+
+    @property
+    def cutoff(self) -> float:
+        """The effective p."""
+        assert self.tuner is not None
+        return self.tuner.value if self.fixed is None else self.fixed
+
+    def earned(self, tokens: float) -> None:
+        assert self.tuner is not None
+        self.tuner.earned(tokens)
+
+    def tick(self, now_s: float) -> None:
+        """A frame began (the tuner counts its epochs in frames)."""
+        if self.fixed is None and self.enabled:
+            assert self.tuner is not None
+            self.tuner.on_frame(now_s)
+
+    def choose(self, context: FloatArray, priority: FloatArray, batch: int) -> BoolArray:
+        """The group over the live requests (mask), given their ``context`` tokens."""
+        chosen, self.threshold = choose_by_context(
+            context, priority, batch, self.cutoff if self.enabled else None,
+            self.candidate_factor, self.length_window,
+        )  # fmt: skip
+        self.frontier = -math.inf
+        return chosen
+
+    def admits(self, priority: float) -> bool:
+        """Would an arrival with ``priority`` have made the current group?"""
+        return priority >= self.threshold and priority > self.frontier
+
+
 def choose_group(
-    live: list[LiveRequest],
+    live: Sequence[LiveRequest],
     priority: FloatArray,
     batch: int,
     cutoff: float | None,
     candidate_factor: int,
     length_window: bool = True,
 ) -> tuple[BoolArray, float]:
-    """(mask over ``live`` of the chosen group, the priority an arrival needs to join it).
+    """:func:`choose_by_context` over ``live``'s context lengths."""
+    context = np.array([r.context_tokens for r in live], dtype=np.float64)
+    return choose_by_context(context, priority, batch, cutoff, candidate_factor, length_window)
+
+
+def choose_by_context(
+    context: FloatArray,
+    priority: FloatArray,
+    batch: int,
+    cutoff: float | None,
+    candidate_factor: int,
+    length_window: bool = True,
+) -> tuple[BoolArray, float]:
+    """(mask of the chosen group, the priority an arrival needs to join it), over live
+    requests given by their ``context`` tokens (the length window's order) and priority.
 
     ``cutoff`` None: no cutoff filter (every top ``k * B`` candidate may join)."""
-    n = len(live)
+    n = priority.size
     chosen = np.zeros(n, dtype=bool)
     if n <= batch:
         chosen[:] = True
@@ -56,8 +136,7 @@ def choose_group(
         best = candidates[np.argpartition(-priority[candidates], batch - 1)[:batch]]
         chosen[best] = True
         return chosen, max(threshold, bth)
-    lengths = np.array([live[i].context_tokens for i in candidates])
-    ordered = candidates[np.argsort(lengths, kind="stable")]
+    ordered = candidates[np.argsort(context[candidates], kind="stable")]
     sums = np.convolve(priority[ordered], np.ones(batch), mode="valid")
     best_start = int(np.argmax(sums))
     chosen[ordered[best_start : best_start + batch]] = True
@@ -65,7 +144,7 @@ def choose_group(
 
 
 def admit_feasible(
-    live: list[LiveRequest],
+    prefill_left: FloatArray,
     n_running: int,
     value: FloatArray,
     start_key: FloatArray,
@@ -105,18 +184,43 @@ def admit_feasible(
         i = int(np.searchsorted(running_work, cap))
         return float(running_prefix[i] + cap * (n_running - i))
 
-    backlog = sum(r.prefill_target - r.prefilled for r in live[:n_running]) * prefill_s
-    members = [i for i in range(n_running, len(live)) if chosen[i]]
-    members.sort(key=lambda i: start_key[i])
-    accepted: list[tuple[float, float, int]] = []  # min-heap: least value, then most work
-    queued_work = 0.0
-    frontier = -math.inf
-
     def rank(j: int) -> tuple[float, float]:
         return (math.floor(math.log(max(float(value[j]), 1e-30)) * VALUE_BUCKETS), -work_s[j])
 
     def size(j: int) -> float:
-        return (live[j].prefill_target - live[j].prefilled) * prefill_s
+        return float(prefill_left[j]) * prefill_s
+
+    # The members up to the first one that is late need no displacement: walk them in
+    # arrays (the same sums in the same order as the loop below), the rest one by one.
+    order = np.flatnonzero(chosen[n_running:]) + n_running
+    order = order[np.argsort(start_key[order], kind="stable")]
+    sizes = prefill_left[order] * prefill_s
+    works = work_s[order]
+    backlog0 = float(prefill_left[:n_running].sum()) * prefill_s
+    backlog_at = np.cumsum(np.concatenate([[backlog0], sizes]))
+    queued_at = np.cumsum(np.concatenate([[0.0], works]))
+    due = due_s[order]
+    horizon = due - now_s
+    cap = rate * np.maximum(horizon, 0.0)
+    at = np.searchsorted(running_work, cap)
+    with np.errstate(invalid="ignore"):
+        by = np.where(
+            np.isfinite(horizon), running_prefix[at] + cap * (n_running - at), running_prefix[-1]
+        )
+    late = (now_s + backlog_at[:-1] - latest_start[order] > 0) | (
+        now_s + by + queued_at[:-1] + works - due > 0
+    )
+    bad = np.flatnonzero(late)
+    if bad.size == 0:
+        return -math.inf
+    k = int(bad[0])
+    ahead = order[:k].tolist()
+    accepted: list[tuple[float, float, int]] = [(*rank(j), j) for j in ahead]
+    heapq.heapify(accepted)  # min-heap: least value, then most work
+    backlog = float(backlog_at[k])
+    queued_work = float(queued_at[k])
+    frontier = -math.inf
+    members = order[k:].tolist()
 
     for i in members:
         late_start = now_s + backlog - latest_start[i]

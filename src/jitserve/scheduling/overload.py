@@ -1,7 +1,8 @@
 """Overload control as its own layer, applied to any policy (seed 003: detect overload,
 stop pretending the request set is feasible).
 
-At every frame, :class:`OverloadControlled` wraps a policy and applies two rules:
+At every frame, a policy's :class:`OverloadStage` runs the policy's plan between two
+rules (a stage the policy holds, not a wrapper around it: :func:`with_overload_control`):
 
 1. **unreachable**: a request (waiting or running) whose deadline cannot be met even if
    it ran alone at full speed from now is given up *before* the policy plans the frame,
@@ -23,129 +24,117 @@ so "the same overload control" holds by construction.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import replace
+from typing import TypeVar
+
+import numpy as np
 
 from jitserve.policy import Objective, OverloadAction, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import (
     EngineView,
     FramePlan,
-    Policy,
+    QueuedPolicy,
     Retirement,
     RetireReason,
 )
 from jitserve.scheduling.slack import out_of_reach
+from jitserve.scheduling.table import out_of_reach_rows
 
 MIN_STEP_S = 1e-3
 
 
-class OverloadControlled(Policy):
-    """``inner`` with overload control. ``follow_spec``: switch the layer with
-    ``scheduler.mechanisms.overloadControl`` (GMAX's ablation); otherwise always on
-    (the ``-ac`` baselines)."""
+class OverloadStage:
+    """Overload control, the stage a :class:`~jitserve.scheduling.base.QueuedPolicy`
+    runs its frame inside. ``follow_spec``: switched by
+    ``scheduler.mechanisms.overloadControl`` (GMAX's ablation); otherwise always on (the
+    ``-ac`` baselines). The rules read the waiting requests' features from the policy's
+    table, as arrays."""
 
-    def __init__(self, inner: Policy, spec: SLOPolicySpec, follow_spec: bool = False) -> None:
-        self.inner = inner
-        self.name = inner.name if follow_spec else f"{inner.name}-ac"
-        self.chunked_prefill = inner.chunked_prefill
+    def __init__(self, spec: SLOPolicySpec, follow_spec: bool = False) -> None:
         self.follow_spec = follow_spec
         self._demoted: set[LiveRequest] = set()
         self.configure(spec)
 
-    # ---- settings ----------------------------------------------------------------------
     def configure(self, spec: SLOPolicySpec) -> None:
-        self.inner.configure(spec)
-        self.frame_steps = self.inner.frame_steps
         self.enabled = spec.scheduler.mechanisms.overload_control or not self.follow_spec
         self.max_waiting_s = spec.admission.max_waiting_seconds
         self.demote_instead = spec.admission.overload_action is OverloadAction.DEMOTE
         self.whole_requests = spec.objective is Objective.REQUESTS
 
-    # ---- the queue: the inner policy's ---------------------------------------------------
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self.inner.enqueue(r, now_s)
-
-    def peek_next(self, now_s: float) -> LiveRequest | None:
-        return self.inner.peek_next(now_s)
-
-    def pop_next(self, now_s: float) -> LiveRequest | None:
-        return self.inner.pop_next(now_s)
-
-    def remove(self, r: LiveRequest) -> None:
+    def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
-        self.inner.remove(r)
-
-    def waiting(self) -> int:
-        return self.inner.waiting()
-
-    def waiting_requests(self) -> list[LiveRequest]:
-        return self.inner.waiting_requests()
-
-    def planned(self, view: EngineView) -> Collection[LiveRequest]:
-        return self.inner.planned(view)
-
-    def priority_of(self, r: LiveRequest) -> float:
-        return self.inner.priority_of(r)
-
-    def demote(self, r: LiveRequest) -> None:
-        self._demoted.add(r)
-        self.inner.demote(r)
-
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        self._demoted.discard(r)
-        self.inner.on_finish(r, goodput_tokens, now_s)
-
-    def describe(self) -> dict[str, float]:
-        return self.inner.describe()
 
     # ---- the frame -----------------------------------------------------------------------
-    def frame(self, view: EngineView) -> FramePlan:
+    def frame(self, policy: QueuedPolicy, view: EngineView) -> FramePlan:
+        """``policy``'s plan for the frame, inside the two rules."""
         if not self.enabled:
-            return self.inner.frame(view)
+            return policy.plan(view)
         now = view.now_s
         decode_s = max(view.decode_step_s, MIN_STEP_S)
         plan = FramePlan()
-        waiting = set(self.inner.waiting_requests())
+        queue = policy.queue
         lost = [
             r
-            for r in (*view.running, *waiting)
+            for r in view.running
             if r not in self._demoted
             and out_of_reach(r, now, view.prefill_s_per_token, decode_s, self.whole_requests)
         ]
-        self._give_up(lost, RetireReason.UNREACHABLE, plan, waiting)
+        doomed = out_of_reach_rows(
+            queue.features(), now, view.prefill_s_per_token, decode_s, self.whole_requests
+        )
+        lost += [
+            r for r in (queue.rows[i] for i in np.flatnonzero(doomed)) if r not in self._demoted
+        ]
+        self._give_up(policy, lost, RetireReason.UNREACHABLE, plan)
         gone = plan.retired()
         if gone:
             view = replace(view, running=[r for r in view.running if r not in gone])
-        inner_plan = self.inner.frame(view)
+        inner_plan = policy.plan(view)
         plan.retire.extend(x for x in inner_plan.retire if x.request not in gone)
         gone |= inner_plan.retired()
-        keep = set(self.inner.planned(view))
+        keep = set(policy.planned(view))
+        waited_long = ~queue.flags("started") & (
+            now - queue.floats("arrival") > self.max_waiting_s
+        )
         overdue = [
             r
-            for r in self.inner.waiting_requests()
-            if r.started_s is None
-            and now - r.req.arrival_s > self.max_waiting_s
-            and r not in keep
+            for r in (queue.rows[i] for i in np.flatnonzero(waited_long))
+            if r not in keep
             and r not in gone
             and r not in self._demoted
         ]
-        self._give_up(overdue, RetireReason.MAX_WAITING, plan, waiting)
+        self._give_up(policy, overdue, RetireReason.MAX_WAITING, plan)
         gone = plan.retired()
         plan.preempt = [r for r in inner_plan.preempt if r not in gone]
         return plan
 
     def _give_up(
         self,
+        policy: QueuedPolicy,
         rs: list[LiveRequest],
         reason: RetireReason,
         plan: FramePlan,
-        waiting: set[LiveRequest],
     ) -> None:
         for r in rs:
             if self.demote_instead:
-                self.demote(r)
+                self._demoted.add(r)
+                policy.demote(r)
                 continue
-            if r in waiting:  # out of the queue now, so the policy plans without it
-                self.inner.remove(r)
+            if r in policy.queue:  # out of the queue now, so the policy plans without it
+                policy.queue.remove(r)
+                policy.forget(r)
             plan.retire.append(Retirement(r, reason))
+
+
+P = TypeVar("P", bound=QueuedPolicy)
+
+
+def with_overload_control(policy: P, spec: SLOPolicySpec, follow_spec: bool = False) -> P:
+    """``policy`` running its frames inside overload control; a baseline's name gets
+    the ``-ac`` suffix (GMAX, ``follow_spec``, keeps its name)."""
+    policy.overload = OverloadStage(spec, follow_spec)
+    if not follow_spec:
+        policy.name = f"{policy.name}-ac"
+    policy.configure(spec)
+    return policy

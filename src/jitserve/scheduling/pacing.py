@@ -10,6 +10,8 @@ deadline and compound: time left over tokens left); the pacer keeps the measured
 time under the tightest such need that pacing can still meet, by admitting prompt tokens
 at a rate it adapts at every frame (additive increase while steps are fast enough,
 multiplicative decrease when they are not). With nothing to protect it does not pace.
+Pacing never blocks the queue: when the head's prompt does not fit the tokens the pacer
+allows now, the next request in queue order whose prompt fits starts instead.
 """
 
 from __future__ import annotations
@@ -62,15 +64,20 @@ class PrefillPacer:
             if step_s < DECREASE * self.tau_s:
                 self.rate = math.inf
 
-    def allows(self, now_s: float, tokens: int) -> bool:
-        """May a prompt of ``tokens`` start now? (Always when nothing runs.)"""
+    def budget(self, now_s: float, head_tokens: int) -> float:
+        """Prompt tokens that may start now (infinite when not pacing), the bucket topped
+        up to a burst that always lets the queue head (``head_tokens``) through in time."""
         if not math.isfinite(self.rate):
-            return True
+            return math.inf
         if self._last_s is not None:
-            burst = max(self.rate * self.tau_s * 10, float(tokens))
+            burst = max(self.rate * self.tau_s * 10, float(head_tokens))
             self._bucket = min(self._bucket + self.rate * (now_s - self._last_s), burst)
         self._last_s = now_s
-        return self._bucket >= tokens
+        return self._bucket
+
+    def allows(self, now_s: float, tokens: int) -> bool:
+        """May a prompt of ``tokens`` start now?"""
+        return self.budget(now_s, tokens) >= tokens
 
     def started(self, tokens: int) -> None:
         self._bucket -= tokens

@@ -20,7 +20,6 @@ For every live request r (vectorised over all of them, O(N)):
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
@@ -28,8 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import FairnessSettings, Objective, SLOPolicySpec
-from jitserve.requests import LiveProgram, LiveRequest
-from jitserve.slo import LatencySLO
+from jitserve.requests import LiveRequest
+from jitserve.scheduling.table import Features, features_of
 
 FloatArray = npt.NDArray[np.float64]
 MIN_TIME_S = 1e-3
@@ -138,14 +137,6 @@ def p_within(
     return np.where(tokens <= 0, 0.0, normal_cdf(z))
 
 
-def program_groups(rs: list[LiveRequest]) -> dict[LiveProgram, npt.NDArray[np.intp]]:
-    groups: dict[LiveProgram, list[int]] = defaultdict(list)
-    for i, r in enumerate(rs):
-        if r.program is not None:
-            groups[r.program].append(i)
-    return {lp: np.array(members) for lp, members in groups.items()}
-
-
 def score(
     rs: list[LiveRequest],
     now_s: float,
@@ -156,41 +147,35 @@ def score(
     median_hint: float = 1.0,
 ) -> Scores:
     """Priority and latest start of each of ``rs`` (see the module docstring)."""
-    n = len(rs)
+    return score_features(
+        features_of(rs, demoted, dict(frames_waited)), now_s, speeds, spec, median_hint
+    )
+
+
+def score_features(
+    features: Features,
+    now_s: float,
+    speeds: Speeds,
+    spec: SLOPolicySpec,
+    median_hint: float = 1.0,
+) -> Scores:
+    """:func:`score` over requests given by their features (a waiting table's columns)."""
+    n = len(features)
     if n == 0:
         empty = np.zeros(0)
         return Scores(empty, empty, median_hint, empty, empty, empty, empty)
     v, pf_s = speeds.decode_s, speeds.prefill_s
-    generated = np.empty(n)
-    remaining = np.empty(n)
-    typical = np.empty(n)
-    prefill_left = np.empty(n)
-    prompt = np.empty(n)
-    deadline = np.empty(n)
-    due0 = np.empty(n)
-    tbt = np.empty(n)
-    is_latency = np.zeros(n, dtype=bool)
-    waited = np.empty(n)
-    for i, r in enumerate(rs):
-        req = r.req
-        g = r.generated
-        generated[i] = g
-        remaining[i] = max(r.bound - g, 1)  # the bound: the q-quantile
-        typical[i] = max((r.expected or r.bound) - g, 1)
-        prefill_left[i] = r.prefill_target - r.prefilled
-        prompt[i] = req.prompt_tokens
-        waited[i] = frames_waited.get(r, 0)
-        slo = req.slo
-        if r in demoted:
-            deadline[i] = math.inf
-        elif isinstance(slo, LatencySLO) and r.program is None:
-            is_latency[i] = True
-            due0[i] = req.arrival_s + slo.ttft_s
-            tbt[i] = slo.tbt_s
-        elif r.program is not None:
-            deadline[i] = r.program.stage_deadline_abs_s
-        else:
-            deadline[i] = req.arrival_s + slo.deadline_s  # type: ignore[union-attr]
+    generated = features.generated
+    remaining = features.remaining  # the bound: the q-quantile
+    typical = features.typical
+    prefill_left = features.prefill_left
+    prompt = features.prompt
+    waited = features.waited
+    due0 = features.due0
+    tbt = features.tbt
+    # a demoted request has no deadline (and no latency timeline): best effort
+    is_latency = features.is_latency & ~features.demoted
+    deadline = np.where(features.demoted, np.inf, features.deadline)
     # Cost = share of engine time r will consume: with chunked prefill every prompt and
     # output token takes one unit of the iteration's token budget (token_s each); a
     # decode token also holds one of B batch slots for a step (v / B) while slots bind.
@@ -224,15 +209,21 @@ def score(
         due[lat] = due0[lat] + (generated[lat] + typical[lat] - 1) * tbt[lat]
     demoted_mask = ~np.isfinite(deadline) & ~is_latency
     gain[demoted_mask] = DEMOTED_GAIN * (prompt[demoted_mask] + typical[demoted_mask])
-    for lp, idx in program_groups(rs).items():
-        # One priority per compound stage: the stage's gain over the stage's cost, the
-        # gain being the program's: what the stages done so far cost is sunk, so finishing
-        # a program that is a share phi(s-1) done earns 1 / (1 - phi(s-1)) times more per
-        # unit of the engine time still to spend.
-        sunk = 1.0 / max(1.0 - lp.prev_stage_share, 0.05)
-        gain[idx] = gain[idx].sum() / idx.size * sunk
-        cost[idx] = cost[idx].sum() / idx.size
-        latest_start[idx] = latest_start[idx].min()
+    # One priority per compound stage: the stage's gain over the stage's cost, the gain
+    # being the program's: what the stages done so far cost is sunk, so finishing a
+    # program that is a share phi(s-1) done earns 1 / (1 - phi(s-1)) times more per unit
+    # of the engine time still to spend.
+    calls = np.flatnonzero(features.program >= 0)
+    if calls.size:
+        _, group = np.unique(features.program[calls], return_inverse=True)
+        size = np.bincount(group)
+        gain[calls] = (np.bincount(group, weights=gain[calls]) / size)[group] * features.sunk[
+            calls
+        ]
+        cost[calls] = (np.bincount(group, weights=cost[calls]) / size)[group]
+        earliest = np.full(size.size, np.inf)
+        np.minimum.at(earliest, group, latest_start[calls])
+        latest_start[calls] = earliest[group]
     cost = np.maximum(cost, 1e-9)
     priority = gain / cost
     positive = priority[priority > 0]

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.base import Policy
+from jitserve.scheduling.base import KeyedPolicy, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF, Sarathi
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.overload import OverloadControlled
+from jitserve.scheduling.overload import with_overload_control
 
-BASELINES: dict[str, Callable[[], Policy]] = {
+BASELINES: dict[str, Callable[[], KeyedPolicy]] = {
     "fcfs": FCFS,
     "sarathi": Sarathi,
     "edf": EDF,
@@ -39,12 +39,12 @@ def make_policy(spec: SLOPolicySpec, seed: int = 0, name: str | None = None) -> 
     """The scheduler named by ``name`` (default: ``spec.scheduler.policy``)."""
     scheduler = name or spec.scheduler.policy
     if scheduler == "gmax":
-        return OverloadControlled(GMAX(spec, seed=seed), spec, follow_spec=True)
+        return with_overload_control(GMAX(spec, seed=seed), spec, follow_spec=True)
     if scheduler in BASELINES:
         policy = BASELINES[scheduler]()
         policy.configure(spec)
         return policy
     base = scheduler.removesuffix(AC_SUFFIX)
     if scheduler.endswith(AC_SUFFIX) and base in BASELINES:
-        return OverloadControlled(BASELINES[base](), spec)
+        return with_overload_control(BASELINES[base](), spec)
     raise ValueError(f"unknown policy {scheduler!r}; known: {', '.join(scheduler_names())}")

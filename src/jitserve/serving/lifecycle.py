@@ -105,6 +105,7 @@ class Lifecycle:
         self._last_token_s: dict[LiveRequest, float] = {}
         self._members: dict[LiveProgram, list[LiveRequest]] = {}
         self._stage_starts: dict[LiveProgram, list[float]] = {}
+        self._rescore: dict[LiveRequest, None] = {}  # refined while waiting
 
     # ---- arrivals ---------------------------------------------------------------------
     def open_program(self, program: Program) -> LiveProgram:
@@ -333,6 +334,9 @@ class Lifecycle:
         """A scheduling frame: refresh bounds, let the policy plan, apply its plan."""
         self.executor.sync(now_s)
         self._refine_due()
+        for r in [r for r in self._rescore if r in self.waiting]:
+            self.policy.enqueue(r, now_s)  # the policy reads a request's state when queued
+        self._rescore.clear()
         view = EngineView(
             now_s,
             max_running,
@@ -362,6 +366,8 @@ class Lifecycle:
         r.bound = max(computed, r.generated + 1)
         r.expected = self.estimator.expected(r.req, generated)
         r.bound_refined_at = generated
+        if r in self.waiting:  # a remote answer for a request preempted meanwhile
+            self._rescore[r] = None
 
     def _refine_due(self) -> None:
         due = [

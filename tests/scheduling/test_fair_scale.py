@@ -1,0 +1,37 @@
+"""The fairness blend is scaled as documented: a tenant at its entitlement weighs one
+median live priority, so f grades between pure goodput (0) and pure fair share (1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jitserve.policy import load_policy
+from jitserve.scheduling.base import EngineView
+from jitserve.scheduling.gmax import FAIR_TIE, GMAX
+from jitserve.slo import DeadlineSLO, LatencySLO
+from tests.support.requests import live
+
+
+def priorities(f: float) -> tuple[list[float], float]:
+    gmax = GMAX(load_policy({"fairness": {"weight": f}}))
+    rs = [
+        live(f"r{i}", tenant=f"t{i % 3}", prompt=100 * (i + 1), output=20 * (i + 1),
+             slo=DeadlineSLO(1.0 + i) if i % 2 else LatencySLO(2.0, 0.1))
+        for i in range(7)
+    ]
+    for r in rs:
+        gmax.enqueue(r, 0.0)
+    gmax.frame(EngineView(0.1, 4, [], 0.03, 1e-4, 1e-4))
+    return [gmax.priority_of(r) for r in rs], gmax.describe()["median_priority"]
+
+
+def test_a_tenant_at_its_entitlement_weighs_one_median_priority() -> None:
+    raw, median = priorities(0.0)
+    # nobody has earned anything yet: every tenant is at its entitlement, claim 1/2
+    fair, _ = priorities(1.0)
+    assert fair == pytest.approx([median + FAIR_TIE * p for p in raw])
+    half, _ = priorities(0.5)
+    assert half == pytest.approx([0.5 * p + 0.5 * q for p, q in zip(raw, fair, strict=True)])
+    # the blend is not dominated by the largest priority: f = 1 compresses the spread
+    assert np.ptp(fair) < np.ptp(half) < np.ptp(raw)
