@@ -30,6 +30,7 @@ from typing import IO, Any
 from jitserve.devstack import vllm as vl
 from jitserve.errors import CLIError
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.policy_batch import MAX_NUM_SEQS, ArgsError, batch_shape
 from jitserve.sidecar.cli import serve_command
 
 
@@ -149,6 +150,11 @@ def main(args: argparse.Namespace) -> int:
             config.write_text(dump_policy_yaml(SLOPolicySpec()))
     elif not config.exists():
         raise _cli_error(f"--config {config}: no such file")
+    try:
+        shape = batch_shape([MAX_NUM_SEQS, str(args.max_num_seqs)],
+                            default_max_num_seqs=args.max_num_seqs, engine_queue=args.engine_queue)
+    except ArgsError as err:
+        raise _cli_error(str(err)) from err
     stack = Stack(log_dir)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"jitserve up: logs in {log_dir}", flush=True)
@@ -163,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=args.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
+                max_num_seqs=shape.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
                 engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
@@ -179,9 +185,8 @@ def main(args: argparse.Namespace) -> int:
                 print("  analyzer did not start; the sidecar uses its local estimator",
                       flush=True)
                 stack.children = [c for c in stack.children if c[1] is not proc]
-        cmd = serve_command(backend, args.port, config, args.max_num_seqs, host=args.host)
-        if args.engine_queue is not None:
-            cmd += ["--engine-queue", str(args.engine_queue)]
+        cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
+                            extra=["--engine-queue", str(shape.engine_queue)])
         if analyzer:
             cmd += ["--analyzer", analyzer]
         sidecar = stack.start("sidecar", cmd)

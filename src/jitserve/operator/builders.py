@@ -35,6 +35,13 @@ class OperatorSettings(BaseModel):
     analyzer_storage_class: str | None = None
     status_interval_seconds: float = Field(default=15.0, gt=0)
     scrape_timeout_seconds: float = Field(default=2.0, gt=0)
+    # Who may reach the serving pods' admin and vLLM ports (the NetworkPolicy): Prometheus
+    # in the monitoring namespace, and the operator itself (its status scrape).
+    monitoring_namespace: str = "monitoring"
+    operator_namespace: str | None = None
+    # The API server evaluates the CRD's CEL rules (Kubernetes >= 1.25): the webhook then
+    # checks only what they cannot say.
+    api_server_cel: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,18 +184,12 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
     model = spec.model
     side = spec.sidecar
     pod = spec.pod
+    shape = model.batch_shape(side.engine_queue)
     vllm_args = [
-        "--model",
-        model.name,
-        "--served-model-name",
-        model.name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(model.port),
-        "--scheduling-policy",
-        "priority",
-        *model.args,
+        *("--model", model.loaded, "--served-model-name", model.served_name),
+        *("--host", "0.0.0.0", "--port", str(model.port)),
+        *("--scheduling-policy", "priority"),
+        *model.vllm_args(),
     ]
     gpu_limits = {model.gpu_resource: str(model.gpus)} if model.gpus > 0 else {}
     vllm: JSON = {
@@ -234,10 +235,15 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             *("--config", f"{c.CONFIG_DIR}/{c.CONFIG_KEY}"),
             *("--host", "0.0.0.0", "--port", str(side.port)),
             *("--backend", f"http://127.0.0.1:{model.port}"),
+            *shape.sidecar_args(),
+            *("--admin-port", str(side.admin_port)),
             *("--analyzer", analyzer_address(ref.namespace)),
             *("--keys-dir", c.KEYS_DIR),
         ],
-        "ports": [{"name": "http", "containerPort": side.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": side.port, "protocol": "TCP"},
+            {"name": c.ADMIN_PORT_NAME, "containerPort": side.admin_port, "protocol": "TCP"},
+        ],
         "resources": resources(side.cpu, side.memory),
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},
@@ -299,7 +305,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             "annotations": {
                 **dict(sorted(pod.annotations.items())),
                 "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(side.port),
+                "prometheus.io/port": str(side.admin_port),
                 "prometheus.io/path": "/metrics",
             },
         },
@@ -334,6 +340,37 @@ def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
             "type": "ClusterIP",
             "selector": selector_labels(ref.name),
             "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_network_policy(ref: PolicyRef, settings: OperatorSettings) -> JSON:
+    """Clients reach only the sidecar's API port; vLLM's port and the admin port (metrics,
+    /debug/scheduler) admit only the monitoring namespace and the operator's. The sidecar
+    reaches vLLM over the pod's loopback, which no NetworkPolicy filters."""
+    namespaces = [settings.monitoring_namespace]
+    if settings.operator_namespace and settings.operator_namespace not in namespaces:
+        namespaces.append(settings.operator_namespace)
+    watchers = [
+        {"namespaceSelector": {"matchLabels": {c.NAMESPACE_NAME_LABEL: ns}}} for ns in namespaces
+    ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, ref.name, "serving"),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(ref.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": "http"}]},
+                {
+                    "from": watchers,
+                    "ports": [
+                        {"protocol": "TCP", "port": c.ADMIN_PORT_NAME},
+                        {"protocol": "TCP", "port": "vllm"},
+                    ],
+                },
+            ],
         },
     }
 
@@ -402,7 +439,11 @@ def build_policy_children(
     claim = build_model_cache_claim(ref, spec)
     if claim is not None:
         children.append(claim)
-    children += [build_service(ref, spec), build_deployment(ref, spec, settings)]
+    children += [
+        build_service(ref, spec),
+        build_network_policy(ref, settings),
+        build_deployment(ref, spec, settings),
+    ]
     ingress = build_ingress(ref, spec)
     if ingress is not None:
         children.append(ingress)

@@ -21,6 +21,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from jitserve.operator import constants as c
+from jitserve.operator.builders import MAX_NAME
 from jitserve.policy import SLOPolicySpec, SLOPolicyStatus
 
 JSON = dict[str, Any]
@@ -36,6 +37,7 @@ _KEEP = (
     "pattern",
     "minItems",
     "maxItems",
+    "maxProperties",
     "format",
     "required",
 )
@@ -168,6 +170,15 @@ def crd_object() -> JSON:
     )
     root = {
         "type": "object",
+        # Children are named after the policy (build.name_problems says the same).
+        "x-kubernetes-validations": [
+            {
+                "rule": f"size(self.metadata.name) <= {MAX_NAME}"
+                " && !self.metadata.name.contains('.')",
+                "message": f"metadata.name: at most {MAX_NAME} characters, no '.' (children "
+                "are named after it)",
+            }
+        ],
         "description": (
             "An SLO-aware LLM serving deployment: the model served by vLLM behind the jitserve "
             "scheduler sidecar, with its SLO defaults, GMAX scheduler knobs (cutoff p), fairness "
