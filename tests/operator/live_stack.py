@@ -56,11 +56,14 @@ def live_vllm() -> Iterator[str]:
 
 
 class Sidecar:
-    """``jitserve sidecar serve`` in its own process, on a free loopback port."""
+    """``jitserve sidecar serve`` in its own process, on a free loopback port, with its
+    admin port (metrics, /debug/scheduler) on another, as the operator runs it."""
 
     def __init__(self, backend: str, config: Path, *, max_running: int = 4) -> None:
         self.port = vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_port = vl.free_port()
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
         self.config = config
         self.log_path = config.with_suffix(".log")
         self._log = self.log_path.open("ab")
@@ -68,7 +71,7 @@ class Sidecar:
             *(sys.executable, "-m", "jitserve.cli", "sidecar", "serve"),
             *("--backend", backend, "--host", "127.0.0.1", "--port", str(self.port)),
             *("--config", str(config), "--max-running", str(max_running)),
-            *("--reload-interval", "0.2"),
+            *("--reload-interval", "0.2", "--admin-port", str(self.admin_port)),
         ]
         self.proc = vl.start_process(cmd, self._log)
         if not vl.wait_http_ok(self.url + "/ready", 60, self.proc):
@@ -83,7 +86,7 @@ class Sidecar:
         tmp.replace(self.config)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+        with urllib.request.urlopen(self.admin_url + "/metrics", timeout=10) as resp:
             text: str = resp.read().decode()
             return text
 

@@ -188,7 +188,7 @@ def prometheus_stack(live_vllm: str, tmp_path: Path) -> Iterator[tuple[Sidecar, 
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "rules.yaml")],
             "scrape_configs": [
-                job("jitserve-sidecar", f"127.0.0.1:{sidecar.port}", "sidecar"),
+                job("jitserve-sidecar", f"127.0.0.1:{sidecar.admin_port}", "sidecar"),
                 job("vllm", vllm_target, "vllm"),
             ],
         },
