@@ -104,10 +104,12 @@ class ModelSpec(_Model):
     def loaded(self) -> str:
         return self.source or self.served_name
 
-    def batch_shape(self, engine_queue: int | None = None) -> BatchShape:
+    def batch_shape(
+        self, engine_queue: int | None = None, default_max_num_seqs: int = GPU_MAX_NUM_SEQS
+    ) -> BatchShape:
         """B (vLLM's --max-num-seqs, the sidecar's --max-running) and the engine queue."""
         return batch_shape(
-            self.args, default_max_num_seqs=GPU_MAX_NUM_SEQS, engine_queue=engine_queue
+            self.args, default_max_num_seqs=default_max_num_seqs, engine_queue=engine_queue
         )
 
     def vllm_args(self) -> list[str]:
