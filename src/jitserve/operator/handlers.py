@@ -27,6 +27,7 @@ CHILDREN = (
     ("", "v1", "services"),
     ("", "v1", "persistentvolumeclaims"),
     ("networking.k8s.io", "v1", "ingresses"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 )
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
 
