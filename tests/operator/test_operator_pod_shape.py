@@ -68,5 +68,7 @@ def test_admin_port_in_the_pod_not_in_the_service_or_ingress() -> None:
         {c.NAMESPACE_NAME_LABEL: "monitoring"}
     ]
     with_operator = b.OperatorSettings(operator_namespace="jitserve-system")
-    froms = b.build_network_policy(REF, with_operator)["spec"]["ingress"][1]["from"]
-    assert len(froms) == 2
+    assert b.watcher_namespaces(with_operator) == ["monitoring", "jitserve-system"]
+    froms = b.build_network_policy(REF, ["a", "b"])["spec"]["ingress"][1]["from"]
+    assert [f["namespaceSelector"]["matchLabels"][c.NAMESPACE_NAME_LABEL] for f in froms] == [
+        "a", "b"]

@@ -1,5 +1,8 @@
 """Pure functions from an ``SLOPolicy`` to each child object (plain dicts, wire format).
 
+The children's names and labels are :mod:`naming`'s, the Service, Ingress and
+NetworkPolicy :mod:`routing`'s; this module builds the rest and the whole list.
+
 Nothing here talks to a cluster. Rules the tests pin down:
 - the pod template depends only on the serving fields (``model``, ``sidecar``, ``pod``)
   and the operator's images, never on scheduler/fairness/SLO/admission settings, so tuning ``p``
@@ -11,16 +14,43 @@ Nothing here talks to a cluster. Rules the tests pin down:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jitserve import __version__
 from jitserve.operator import constants as c
+from jitserve.operator.naming import (
+    JSON,
+    MAX_NAME,
+    PolicyRef,
+    api_keys_secret_name,
+    child_meta,
+    config_map_name,
+    labels,
+    name_problems,
+    selector_labels,
+    selector_string,
+)
+from jitserve.operator.routing import build_ingress, build_network_policy, build_service
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
 
-JSON = dict[str, Any]
+# the children's identity and routing live in naming and routing; builders is their face
+__all__ = [
+    "JSON",
+    "MAX_NAME",
+    "PolicyRef",
+    "api_keys_secret_name",
+    "build_ingress",
+    "build_network_policy",
+    "build_service",
+    "config_map_name",
+    "labels",
+    "name_problems",
+    "selector_labels",
+    "selector_string",
+    "watcher_namespaces",
+]
 
 
 class OperatorSettings(BaseModel):
@@ -44,30 +74,6 @@ class OperatorSettings(BaseModel):
     api_server_cel: bool = False
 
 
-@dataclass(frozen=True)
-class PolicyRef:
-    """Identity of an SLOPolicy object, as children need it."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    def owner_reference(self, *, controller: bool = True) -> JSON:
-        ref: JSON = {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND,
-            "name": self.name,
-            "uid": self.uid,
-        }
-        if controller:
-            ref["controller"] = True
-            ref["blockOwnerDeletion"] = True
-        return ref
-
-
-MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
-
-
 def pod_hardening() -> dict[str, Any]:
     """Pod-level settings shared by every pod the operator makes: non-root, default
     seccomp, no service-account token, no service environment variables."""
@@ -84,41 +90,6 @@ def pod_hardening() -> dict[str, Any]:
     }
 
 
-def name_problems(name: str) -> list[str]:
-    """Child names are DNS labels derived from the policy name."""
-    if len(name) > MAX_NAME:
-        return [f"metadata.name: at most {MAX_NAME} characters (children are named after it)"]
-    if "." in name:
-        return ["metadata.name: must not contain '.' (children are Services, DNS labels)"]
-    return []
-
-
-def labels(policy: str, component: str) -> dict[str, str]:
-    return {
-        c.LABEL_NAME: "jitserve",
-        c.LABEL_INSTANCE: policy,
-        c.LABEL_COMPONENT: component,
-        c.LABEL_MANAGED_BY: c.MANAGED_BY,
-        c.LABEL_POLICY: policy,
-    }
-
-
-def selector_labels(policy: str) -> dict[str, str]:
-    return {c.LABEL_POLICY: policy, c.LABEL_COMPONENT: "serving"}
-
-
-def selector_string(policy: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(policy).items()))
-
-
-def config_map_name(policy: str) -> str:
-    return f"{policy}-config"
-
-
-def api_keys_secret_name(policy: str) -> str:
-    return f"{policy}-api-keys"
-
-
 def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
     """The claim mounted at /cache: the user's ``existingClaim``, ours, or None (emptyDir)."""
     cache = spec.model.cache
@@ -127,21 +98,12 @@ def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
     return cache.existing_claim or f"{policy}-model-cache"
 
 
-def _meta(ref: PolicyRef, name: str, component: str) -> JSON:
-    return {
-        "name": name,
-        "namespace": ref.namespace,
-        "labels": labels(ref.name, component),
-        "ownerReferences": [ref.owner_reference()],
-    }
-
-
 def build_config_map(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
     """The sidecar's config file, ``policy.yaml`` = :func:`dump_policy_yaml`."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ref, config_map_name(ref.name), "config"),
+        "metadata": child_meta(ref, config_map_name(ref.name), "config"),
         "data": {c.CONFIG_KEY: dump_policy_yaml(spec)},
     }
 
@@ -157,7 +119,7 @@ def build_api_keys_secret(ref: PolicyRef, keys: dict[str, str]) -> JSON:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _meta(ref, api_keys_secret_name(ref.name), "config"),
+        "metadata": child_meta(ref, api_keys_secret_name(ref.name), "config"),
         "data": dict(sorted(keys.items())),
     }
 
@@ -317,7 +279,7 @@ def build_deployment(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSett
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(ref, ref.name, "serving"),
+        "metadata": child_meta(ref, ref.name, "serving"),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(ref.name)},
@@ -327,50 +289,6 @@ def build_deployment(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSett
                 "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
             },
             "template": build_pod_template(ref, spec, settings),
-        },
-    }
-
-
-def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(ref, ref.name, "serving"),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(ref.name),
-            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
-
-
-def build_network_policy(ref: PolicyRef, settings: OperatorSettings) -> JSON:
-    """Clients reach only the sidecar's API port; vLLM's port and the admin port (metrics,
-    /debug/scheduler) admit only the monitoring namespace and the operator's. The sidecar
-    reaches vLLM over the pod's loopback, which no NetworkPolicy filters."""
-    namespaces = [settings.monitoring_namespace]
-    if settings.operator_namespace and settings.operator_namespace not in namespaces:
-        namespaces.append(settings.operator_namespace)
-    watchers = [
-        {"namespaceSelector": {"matchLabels": {c.NAMESPACE_NAME_LABEL: ns}}} for ns in namespaces
-    ]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(ref, ref.name, "serving"),
-        "spec": {
-            "podSelector": {"matchLabels": selector_labels(ref.name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"ports": [{"protocol": "TCP", "port": "http"}]},
-                {
-                    "from": watchers,
-                    "ports": [
-                        {"protocol": "TCP", "port": c.ADMIN_PORT_NAME},
-                        {"protocol": "TCP", "port": "vllm"},
-                    ],
-                },
-            ],
         },
     }
 
@@ -389,37 +307,18 @@ def build_model_cache_claim(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, f"{ref.name}-model-cache", "model-cache"),
+        "metadata": child_meta(ref, f"{ref.name}-model-cache", "model-cache"),
         "spec": claim,
     }
 
 
-def build_ingress(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
-    ing = spec.ingress
-    if ing is None:
-        return None
-    rule: JSON = {
-        "http": {
-            "paths": [
-                {
-                    "path": ing.path,
-                    "pathType": "Prefix",
-                    "backend": {"service": {"name": ref.name, "port": {"name": "http"}}},
-                }
-            ]
-        }
-    }
-    if ing.host:
-        rule["host"] = ing.host
-    body: JSON = {"rules": [rule]}
-    if ing.class_name:
-        body["ingressClassName"] = ing.class_name
-    if ing.tls_secret and ing.host:
-        body["tls"] = [{"hosts": [ing.host], "secretName": ing.tls_secret}]
-    meta = _meta(ref, ref.name, "ingress")
-    if ing.annotations:
-        meta["annotations"] = dict(sorted(ing.annotations.items()))
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": meta, "spec": body}
+def watcher_namespaces(settings: OperatorSettings) -> list[str]:
+    """Namespaces the NetworkPolicy admits to the admin and vLLM ports: Prometheus's and
+    the operator's own (its status scrape)."""
+    namespaces = [settings.monitoring_namespace]
+    if settings.operator_namespace and settings.operator_namespace not in namespaces:
+        namespaces.append(settings.operator_namespace)
+    return namespaces
 
 
 def build_policy_children(
@@ -441,7 +340,7 @@ def build_policy_children(
         children.append(claim)
     children += [
         build_service(ref, spec),
-        build_network_policy(ref, settings),
+        build_network_policy(ref, watcher_namespaces(settings)),
         build_deployment(ref, spec, settings),
     ]
     ingress = build_ingress(ref, spec)
