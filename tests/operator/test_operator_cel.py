@@ -146,3 +146,31 @@ def test_the_policy_name_rule_is_a_cel_rule_on_the_root() -> None:
     assert webhook and cel and not rest
     obj["metadata"]["name"] = "a.b"
     assert all(verdicts(obj)[:2]) and not verdicts(obj)[2]
+
+
+class _Versioned:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def request(self, method: str, path: str) -> Any:
+        assert (method, path) == ("GET", "/version")
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "cel"),
+    [
+        ({"major": "1", "minor": "20"}, False),
+        ({"major": "1", "minor": "24+"}, False),
+        ({"major": "1", "minor": "25"}, True),
+        ({"major": "1", "minor": "33"}, True),
+        ({}, False),
+        (OSError("no route"), False),
+    ],
+)
+def test_the_webhook_relies_on_cel_only_where_the_api_server_has_it(answer: Any, cel: bool) -> None:
+    from jitserve.operator.cli import api_server_has_cel
+
+    assert api_server_has_cel(_Versioned(answer)) is cel
