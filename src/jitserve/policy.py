@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from jitserve.policy_base import DNSLabel, Seconds
 from jitserve.policy_base import SpecModel as _Model
-from jitserve.policy_pod import PodSettings, pod_problems
+from jitserve.policy_pod import PodSettings, pod_problems, pod_webhook_problems
 from jitserve.policy_scheduler import (
     CutoffMode,
     CutoffSettings,
@@ -68,8 +68,30 @@ class LatencyDefaults(_Model):
     tbt_seconds: Seconds = Field(default=0.1, description="Time between tokens target.")
 
 
+def cel(*rules: tuple[str, str]) -> ConfigDict:
+    """A model's CEL ``x-kubernetes-validations`` (rule, message): the API server checks
+    them (Kubernetes >= 1.25); the Python check next to each is the same rule, for the
+    webhook on older API servers and for the reconciler's ``Degraded`` condition."""
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+        }
+    )
+
+
 class SLOClass(_Model):
     """A named SLO class tenants can ask for (e.g. ``interactive``, ``batch``)."""
+
+    model_config = cel(
+        (
+            "self.kind != 'latency' || (has(self.ttftSeconds) && has(self.tbtSeconds))",
+            "kind latency needs ttftSeconds and tbtSeconds",
+        ),
+        (
+            "!(self.kind in ['deadline', 'compound']) || has(self.deadlineSeconds)",
+            "kind deadline and compound need deadlineSeconds",
+        ),
+    )
 
     name: DNSLabel = Field(description="Class name requests ask for (slo.class, x-slo-class).")
     kind: SLOKind = Field(description="latency, deadline, compound or best_effort.")
@@ -90,6 +112,13 @@ class SLOClass(_Model):
 
 class SLODefaults(_Model):
     """SLOs of requests that carry none, and named SLO classes."""
+
+    model_config = cel(
+        (
+            "!has(self.defaultClass) || self.classes.exists(c, c.name == self.defaultClass)",
+            "sloDefaults.defaultClass: not in sloDefaults.classes",
+        ),
+    )
 
     latency: LatencyDefaults = Field(
         default=LatencyDefaults(), description="Defaults of latency requests (TTFT, TBT)."
@@ -236,6 +265,24 @@ class LimitsSettings(_Model):
 class SLOPolicySpec(_Model):
     """``spec`` of the ``SLOPolicy`` custom resource and the sidecar's config file."""
 
+    model_config = cel(
+        ("has(self.model.name)", "model.name: required (the served model name)"),
+        (
+            "self.sidecar.port != self.model.port && self.sidecar.adminPort != self.model.port",
+            "sidecar.port, sidecar.adminPort: each must differ from model.port",
+        ),
+        (
+            "self.fairness.tenants.all(t, !has(t.defaultClass) || "
+            "self.sloDefaults.classes.exists(c, c.name == t.defaultClass))",
+            "fairness.tenants[].defaultClass: not in sloDefaults.classes",
+        ),
+        (
+            "self.model.volumeMounts.all(m, m.name == 'cache' || "
+            "self.pod.volumes.exists(v, v.name == m.name))",
+            "model.volumeMounts[].name: no such volume in pod.volumes",
+        ),
+    )
+
     objective: Objective = Field(
         default=Objective.TOKENS,
         description="What goodput counts: tokens (that met their SLO) or requests (that "
@@ -272,7 +319,19 @@ class SLOPolicySpec(_Model):
     )
 
     def cross_field_problems(self) -> list[str]:
-        """Rules the CRD's OpenAPI schema cannot express, each naming its field (wire path)."""
+        """Rules the CRD's OpenAPI schema cannot express, each naming its field (wire path):
+        :meth:`cel_problems` and :meth:`webhook_problems`."""
+        return [*self.cel_problems(), *self.webhook_problems()]
+
+    def webhook_problems(self) -> list[str]:
+        """The rules no CEL rule of the CRD states (a command line to parse, volume sources
+        the schema leaves open): the webhook checks them on every API server."""
+        return [*self.model.args_problems(), *pod_webhook_problems(self.pod)]
+
+    def cel_problems(self) -> list[str]:
+        """The rules the CRD's CEL ``x-kubernetes-validations`` state too (and duplicate
+        names, which its list-maps refuse): the webhook checks them only where the API
+        server has no CEL."""
         problems: list[str] = []
         for section, items in (
             ("sloDefaults.classes", [c.name for c in self.slo_defaults.classes]),
@@ -292,10 +351,13 @@ class SLOPolicySpec(_Model):
         for path, wanted in defaults:
             if wanted is not None and wanted not in classes:
                 problems.append(f"{path}: {wanted!r} is not in sloDefaults.classes")
-        if self.sidecar.port == self.model.port:
-            problems.append(
-                f"sidecar.port: {self.sidecar.port} is also model.port (one pod, one port each)"
-            )
+        if self.model.name is None:
+            problems.append("model.name: required (the served model name)")
+        for field, port in (("port", self.sidecar.port), ("adminPort", self.sidecar.admin_port)):
+            if port == self.model.port:
+                problems.append(f"sidecar.{field}: {port} is also model.port (one port each)")
+        if self.sidecar.admin_port == self.sidecar.port:
+            problems.append(f"sidecar.adminPort: {self.sidecar.port} is also sidecar.port")
         if self.ingress is not None and self.ingress.tls_secret and not self.ingress.host:
             problems.append("ingress.tlsSecret: TLS needs ingress.host")
         problems += pod_problems(

@@ -5,8 +5,9 @@ variables from Secrets, ConfigMaps or pod fields (a gated model's token never si
 policy in plain text), scheduling (nodeSelector, tolerations, affinity, runtime and
 priority class), image pull Secrets, extra volumes and mounts, and a persistent model cache
 instead of an ``emptyDir``. Wire names are camelCase and follow the Kubernetes Pod API, so
-an SRE can paste from a Pod spec. Rules the CRD schema cannot express are in
-:func:`pod_problems` (the validating webhook and the ``Degraded`` condition report them).
+an SRE can paste from a Pod spec. Cross-field rules are CEL ``x-kubernetes-validations``
+on the models (:func:`cel`) and, the same rules in Python, :func:`pod_problems`; what CEL
+cannot see (the volume source of an open-ended volume) is :func:`pod_webhook_problems`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,20 @@ RESERVED_MOUNT_PATHS = ("/cache", "/tmp", "/dev/shm", "/etc/jitserve", "/etc/jit
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "jitserve.io/")
 
 
+def cel(*rules: tuple[str, str], **config: Any) -> ConfigDict:
+    """A model config with CEL ``x-kubernetes-validations`` (rule, message)."""
+    extra: dict[str, Any] = {
+        "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+    }
+    made = ConfigDict(json_schema_extra=extra)
+    made.update(config)  # type: ignore[typeddict-item]
+    return made
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{x}'" for x in items) + "]"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -77,6 +92,14 @@ class FieldRef(_Model):
 class EnvVarSource(_Model):
     """Where an environment variable's value comes from; exactly one source."""
 
+    model_config = cel(
+        (
+            "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0)"
+            " + (has(self.fieldRef) ? 1 : 0) == 1",
+            "exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+        )
+    )
+
     secret_key_ref: KeyRef | None = Field(
         default=None, description="A key of a Secret (e.g. the HF_TOKEN of a gated model)."
     )
@@ -90,6 +113,13 @@ class EnvVarSource(_Model):
 
 class EnvVar(_Model):
     """An environment variable of the vLLM container: a plain value or a reference."""
+
+    model_config = cel(
+        (
+            "!has(self.valueFrom) || !has(self.value) || self.value == ''",
+            "set value or valueFrom, not both",
+        )
+    )
 
     name: EnvName = Field(description="Variable name.")
     value: str = Field(default="", description="Plain value (leave empty with valueFrom).")
@@ -144,8 +174,15 @@ class ExtraVolume(BaseModel):
     """A volume of the serving pod, as in a Kubernetes Pod spec: a ``name`` and one volume
     source (secret, configMap, persistentVolumeClaim, csi, nfs, ...), passed on verbatim."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True
+    model_config = cel(
+        (
+            f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
+            "pod.volumes[].name: the operator's own volume",
+        ),
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="allow",
+        frozen=True,
     )
 
     name: VolumeName = Field(description="Volume name, referred to by volumeMounts.")
@@ -159,6 +196,13 @@ class ExtraVolume(BaseModel):
 
 class VolumeMount(_Model):
     """Where a volume appears in the vLLM container."""
+
+    model_config = cel(
+        (
+            "!self.mountPath.matches('^(" + "|".join(RESERVED_MOUNT_PATHS) + ")/*$')",
+            "model.volumeMounts[].mountPath: the operator's own path",
+        )
+    )
 
     name: VolumeName = Field(description="A volume of pod.volumes.")
     mount_path: str = Field(
@@ -182,6 +226,14 @@ class ModelCache(_Model):
     """A PersistentVolumeClaim for the model cache (HF_HOME) instead of an emptyDir, so a
     restarted pod does not download the model again."""
 
+    model_config = cel(
+        (
+            "!has(self.existingClaim) || !has(self.storageClassName)",
+            "model.cache.storageClassName: only for a claim the operator makes "
+            "(not existingClaim)",
+        )
+    )
+
     existing_claim: DNSSubdomain | None = Field(
         default=None,
         description="Use this claim (made by you, kept after the policy) instead of making one.",
@@ -201,6 +253,15 @@ class ModelCache(_Model):
 
 class PodSettings(_Model):
     """Scheduling and pod-level settings of the serving pods (changing them rolls pods)."""
+
+    model_config = cel(
+        (
+            "self.labels.all(k, "
+            + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES)
+            + ")",
+            "pod.labels: app.kubernetes.io/* and jitserve.io/* are the operator's own labels",
+        )
+    )
 
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the pods must land on."
@@ -224,6 +285,7 @@ class PodSettings(_Model):
     )
     labels: dict[str, str] = Field(
         default_factory=dict,
+        max_length=64,
         description="Extra pod labels (not app.kubernetes.io/* or jitserve.io/*: the "
         "operator's own).",
     )
@@ -235,10 +297,21 @@ class PodSettings(_Model):
     )
 
 
+def pod_webhook_problems(pod: PodSettings) -> list[str]:
+    """What no CEL rule can check: a volume's source is among the fields the schema leaves
+    open (``x-kubernetes-preserve-unknown-fields``), which CEL does not see."""
+    return [
+        f"pod.volumes[{i}]: needs exactly one volume source (e.g. secret, "
+        f"persistentVolumeClaim), got {vol.source_keys() or 'none'}"
+        for i, vol in enumerate(pod.volumes)
+        if len(vol.source_keys()) != 1
+    ]
+
+
 def pod_problems(
     env: list[EnvVar], mounts: list[VolumeMount], pod: PodSettings, cache: ModelCache | None
 ) -> list[str]:
-    """Pod rules the schema cannot express, each naming its field (wire path from spec)."""
+    """The pod rules the CRD's CEL rules state, each naming its field (wire path from spec)."""
     problems: list[str] = []
     for i, var in enumerate(env):
         where = f"model.env[{i}]"
@@ -253,11 +326,6 @@ def pod_problems(
     for i, vol in enumerate(pod.volumes):
         if vol.name in RESERVED_VOLUMES:
             problems.append(f"pod.volumes[{i}].name: {vol.name!r} is the operator's own volume")
-        if len(vol.source_keys()) != 1:
-            problems.append(
-                f"pod.volumes[{i}]: needs exactly one volume source (e.g. secret, "
-                f"persistentVolumeClaim), got {vol.source_keys() or 'none'}"
-            )
     usable = declared | {"cache"}
     for i, mount in enumerate(mounts):
         if mount.name not in usable:

@@ -8,13 +8,14 @@ from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.policy import SLOPolicySpec, load_policy
+from tests.support.kube_fake import serving
 
 REF = b.PolicyRef(name="chat", namespace="team-a", uid="1234")
 SETTINGS = b.OperatorSettings()
 
 
 def spec(**wire: object) -> SLOPolicySpec:
-    return load_policy(dict(wire))
+    return load_policy(serving(dict(wire)))
 
 
 def template(s: SLOPolicySpec) -> dict[str, object]:
@@ -66,7 +67,8 @@ def test_pod_runs_vllm_and_sidecar_non_root_with_probes_and_resources() -> None:
         assert "livenessProbe" in container
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert vllm["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
-    assert vllm["args"][-2:] == ["--dtype", "bfloat16"]
+    assert vllm["args"][-4:] == ["--dtype", "bfloat16", "--max-num-seqs", "256"]
+    assert vllm["args"][vllm["args"].index("--tensor-parallel-size") + 1] == "2"  # = gpus
     assert "startupProbe" in vllm and sidecar["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert "--config" in sidecar["args"]
     assert f"{c.CONFIG_DIR}/{c.CONFIG_KEY}" in sidecar["args"]
@@ -89,6 +91,7 @@ def test_children_carry_owner_references_labels_and_selectors() -> None:
         "ConfigMap",
         "Secret",
         "Service",
+        "NetworkPolicy",
         "Deployment",
         "Ingress",
     ]
@@ -104,11 +107,12 @@ def test_children_carry_owner_references_labels_and_selectors() -> None:
         }
         assert obj["metadata"]["labels"][c.LABEL_POLICY] == "chat"
         assert obj["metadata"]["namespace"] == "team-a"
-    deployment, service = children[3], children[2]
+    deployment, service, network = children[4], children[2], children[3]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert service["spec"]["selector"] == selector
-    ingress = children[4]["spec"]
+    assert network["spec"]["podSelector"]["matchLabels"] == selector
+    ingress = children[5]["spec"]
     assert ingress["ingressClassName"] == "nginx"
     assert ingress["tls"] == [{"hosts": ["chat.example.com"], "secretName": "chat-tls"}]
     assert ingress["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == "chat"

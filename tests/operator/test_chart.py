@@ -14,8 +14,12 @@ import helm_python as helm  # scripts/setup-k8s.sh installs helm-python-sdk (Hel
 import pytest
 import yaml
 
+from jitserve.operator import builders as b
+from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
+from jitserve.policy import load_policy
 from scripts import render_manifests as render
+from tests.support.kube_fake import serving as serving_spec
 from tests.support.operator_session import API_PATHS, ensure_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +182,7 @@ def test_child_images_follow_the_app_version_and_the_values() -> None:
     def env(values: dict[str, Any] | None) -> dict[str, str]:
         (deployment,) = _by_kind(render.render_documents(values))["Deployment"]
         container = deployment["spec"]["template"]["spec"]["containers"][0]
-        return {e["name"]: e["value"] for e in container["env"]}
+        return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
     assert env(None)["JITSERVE_SIDECAR_IMAGE"] == f"jitserve/sidecar:{app_version}"
     assert env(None)["JITSERVE_ANALYZER_IMAGE"] == f"jitserve/analyzer:{app_version}"
@@ -250,7 +254,13 @@ def test_monitoring_objects_select_what_the_operator_makes() -> None:
         "app.kubernetes.io/component": "serving",
     }
     ports = [e["port"] for e in serving["spec"]["podMetricsEndpoints"]]
-    assert ports == ["http", "vllm"]  # the sidecar's and vLLM's port names in the pod
+    # The sidecar's admin port (metrics without a key, in no Service) and vLLM's port, by
+    # the names the operator gives them in the pod.
+    template = b.build_pod_template(
+        b.PolicyRef("p", "ns", "u"), load_policy(serving_spec()), b.OperatorSettings()
+    )
+    named = {p["name"] for ct in template["spec"]["containers"] for p in ct["ports"]}
+    assert ports == [c.ADMIN_PORT_NAME, "vllm"] and set(ports) <= named
     assert analyzer["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert serving["spec"]["namespaceSelector"] == {"matchNames": [render.NAMESPACE]}
     (monitor,) = docs["ServiceMonitor"]

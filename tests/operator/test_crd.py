@@ -9,7 +9,13 @@ from typing import Any
 import yaml
 
 from jitserve.cli import main
-from jitserve.operator.crd import CRD_FILENAME, crd_object, crd_yaml, structural_schema
+from jitserve.operator.crd import (
+    CRD_FILENAME,
+    NO_CEL_DIR,
+    crd_object,
+    crd_yaml,
+    structural_schema,
+)
 from jitserve.policy import SLOPolicySpec, load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +25,17 @@ def test_crds_dir_matches_the_model() -> None:
     """Fails when policy.py changed and `jitserve crd --out crds/` was not re-run."""
     checked_in = (ROOT / "crds" / CRD_FILENAME).read_text()
     assert checked_in == crd_yaml(), "crds/ drifted from policy.py: run `jitserve crd --out crds/`"
+
+
+def test_no_cel_variant_matches_the_model_less_its_cel_rules() -> None:
+    """crds/no-cel/ (Kubernetes 1.20-1.24) = the CRD without x-kubernetes-validations."""
+    checked_in = (ROOT / "crds" / NO_CEL_DIR / CRD_FILENAME).read_text()
+    assert checked_in == crd_yaml(cel=False), (
+        "crds/no-cel/ drifted: run `jitserve crd --no-cel --out crds/no-cel/`"
+    )
+    assert "x-kubernetes-validations" not in checked_in
+    with_cel = yaml.safe_dump(crd_object())
+    assert with_cel.count("x-kubernetes-validations") >= 10
 
 
 def test_chart_ships_the_same_crd() -> None:

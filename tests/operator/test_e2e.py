@@ -22,6 +22,7 @@ from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
 from jitserve.operator.reconcile import APPLIED_HASH, is_subset
 from jitserve.policy import load_policy
+from tests.support.kube_fake import serving
 from tests.support.operator_session import (
     MEASURED,
     OTHER_NAMESPACES,
@@ -43,7 +44,7 @@ def policy(name: str, namespace: str, spec: dict[str, Any] | None = None) -> dic
         "apiVersion": c.API_VERSION,
         "kind": c.KIND,
         "metadata": {"name": name, "namespace": namespace},
-        "spec": spec or {},
+        "spec": serving(spec),
     }
 
 
@@ -60,6 +61,7 @@ def children(kube: RestKube, ns: str, name: str) -> dict[str, dict[str, Any] | N
         "Service": kube.get("v1", "Service", ns, name),
         "Deployment": kube.get("apps/v1", "Deployment", ns, name),
         "Ingress": kube.get("networking.k8s.io/v1", "Ingress", ns, name),
+        "NetworkPolicy": kube.get("networking.k8s.io/v1", "NetworkPolicy", ns, name),
         "PersistentVolumeClaim": kube.get("v1", "PersistentVolumeClaim", ns, f"{name}-model-cache"),
     }
 
@@ -585,7 +587,7 @@ def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     over HTTP with prometheus_client — or, where the sidecar package is not there, a
     registry with the contract's three families defined here. No kubelet runs here, so the
     test marks the pod Running with IP 127.0.0.1; the operator finds it by label and
-    scrapes http://127.0.0.1:<sidecar.port>/metrics exactly as it scrapes pod IPs in a
+    scrapes http://127.0.0.1:<sidecar.adminPort>/metrics exactly as it scrapes pod IPs in a
     cluster.
     """
     from tests.support.k8s import free_port
@@ -601,7 +603,8 @@ def test_status_shows_attainment_read_from_a_sidecar_metrics_endpoint(
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     try:
         name = "metered"
-        admin.create(policy(name, NS_METRICS, {"sidecar": {"port": port}, "replicas": 1}))
+        # The operator reads the admin port (no key needed, not in the Service).
+        admin.create(policy(name, NS_METRICS, {"sidecar": {"adminPort": port}, "replicas": 1}))
         wait_children(admin, NS_METRICS, name, ingress=False)
         wait_for("the pod", lambda: admin.list("v1", "Pod", NS_METRICS, b.selector_string(name)))
         assert mark_pods_running(admin, NS_METRICS, name) == 1

@@ -172,7 +172,8 @@ def prometheus_stack(vllm_url: str, tmp_path: Path) -> Iterator[tuple[SidecarPro
     }
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump(policy))
-    sidecar = SidecarProcess(vllm_url, config=config, max_running=1, engine_queue=None).wait_ready()
+    sidecar = SidecarProcess(vllm_url, config=config, max_running=1, engine_queue=None,
+                             admin_port=True).wait_ready()
     burn = {"name": "Fast", "long": "30s", "short": "10s", "factor": 14.4, "for": "0s",
             "severity": "critical"}  # fmt: skip
     (tmp_path / "rules.yaml").write_text(
@@ -190,7 +191,7 @@ def prometheus_stack(vllm_url: str, tmp_path: Path) -> Iterator[tuple[SidecarPro
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "rules.yaml")],
             "scrape_configs": [
-                job("jitserve-sidecar", f"127.0.0.1:{sidecar.port}", "sidecar"),
+                job("jitserve-sidecar", f"127.0.0.1:{sidecar.admin_port}", "sidecar"),
                 job("vllm", vllm_target, "vllm"),
             ],
         },

@@ -10,12 +10,14 @@ import pytest
 from jitserve.operator import builders as b
 from jitserve.operator.admission import admission_problems
 from jitserve.policy import SLOPolicySpec, load_policy
+from tests.support.kube_fake import serving
 
 REF = b.PolicyRef(name="chat", namespace="team-a", uid="1234")
 SETTINGS = b.OperatorSettings()
 
 KNOBS: dict[str, Any] = {
     "model": {
+        "name": "tiny-llama",
         "env": [
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -88,7 +90,7 @@ def test_model_cache_claim_is_a_child_unless_the_user_brings_one() -> None:
         "resources": {"requests": {"storage": "200Gi"}},
         "storageClassName": "fast",
     }
-    own = load_policy({"model": {"cache": {"existingClaim": "models"}}})
+    own = load_policy(serving({"model": {"cache": {"existingClaim": "models"}}}))
     assert not [
         c
         for c in b.build_policy_children(REF, own, SETTINGS)
@@ -97,12 +99,12 @@ def test_model_cache_claim_is_a_child_unless_the_user_brings_one() -> None:
     cache = {v["name"]: v for v in pod_of(own)["spec"]["volumes"]}["cache"]
     assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}
     # Without a cache section the model cache is an emptyDir, as before.
-    plain = {v["name"]: v for v in pod_of(SLOPolicySpec())["spec"]["volumes"]}["cache"]
+    plain = {v["name"]: v for v in pod_of(load_policy(serving()))["spec"]["volumes"]}["cache"]
     assert plain == {"name": "cache", "emptyDir": {}}
 
 
 def test_pod_knobs_roll_the_pods_scheduler_knobs_do_not() -> None:
-    base = pod_of(SLOPolicySpec())
+    base = pod_of(load_policy(serving()))
     for change in (
         {"pod": {"nodeSelector": {"a": "b"}}},
         {"pod": {"runtimeClassName": "nvidia"}},
@@ -113,8 +115,8 @@ def test_pod_knobs_roll_the_pods_scheduler_knobs_do_not() -> None:
         },
         {"model": {"cache": {"size": "10Gi"}}},
     ):
-        assert pod_of(load_policy(change)) != base, change
-    assert pod_of(load_policy({"reporting": {"attainmentWindowSeconds": 60}})) == base
+        assert pod_of(load_policy(serving(change))) != base, change
+    assert pod_of(load_policy(serving({"reporting": {"attainmentWindowSeconds": 60}}))) == base
 
 
 @pytest.mark.parametrize(
@@ -187,11 +189,14 @@ def test_webhook_lets_metadata_only_updates_through() -> None:
     bad = {"metadata": {"name": "chat"}, "spec": {"ingress": {"tlsSecret": "cert"}}}
     labelled = {"metadata": {"name": "chat", "labels": {"x": "y"}}, "spec": bad["spec"]}
     assert admission_problems(labelled, old=bad) == []
-    fixed = {"metadata": {"name": "chat"}, "spec": {"ingress": {"host": "a.example.com"}}}
+    fixed = {
+        "metadata": {"name": "chat"},
+        "spec": serving({"ingress": {"host": "a.example.com"}}),
+    }
     assert admission_problems(fixed, old=bad) == []
     worse = {"metadata": {"name": "chat"}, "spec": {"ingress": {"tlsSecret": "other"}}}
     assert admission_problems(worse, old=bad) != []
-    too_long = {"metadata": {"name": "x" * 60}, "spec": {}}
+    too_long = {"metadata": {"name": "x" * 60}, "spec": serving()}
     assert admission_problems(too_long) == [
         "metadata.name: at most 52 characters (children are named after it)"
     ]

@@ -9,7 +9,7 @@ import pytest
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator.reconcile import Scraper, is_subset, reconcile
-from tests.support.kube_fake import FakeKube
+from tests.support.kube_fake import FakeKube, serving
 
 SETTINGS = b.OperatorSettings()
 NS = "team-a"
@@ -21,7 +21,7 @@ def policy(kube: FakeKube, name: str, spec: dict[str, Any] | None = None) -> dic
             "apiVersion": c.API_VERSION,
             "kind": c.KIND,
             "metadata": {"name": name, "namespace": NS},
-            "spec": spec or {},
+            "spec": serving(spec),
         }
     )
 
@@ -42,6 +42,7 @@ def test_first_reconcile_creates_children_second_writes_nothing() -> None:
             "ConfigMap",
             "Secret",
             "Service",
+            "NetworkPolicy",
             "Deployment",
             "Ingress",
             "PersistentVolumeClaim",
@@ -75,7 +76,7 @@ def test_drift_is_corrected() -> None:
         ]
     )
     dep = kube.objects[("apps/v1", "Deployment", NS, "chat")]
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.11.0"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.32.0"
     assert dep["spec"]["replicas"] == 1
     assert reconcile(kube, fresh(kube, "chat"), SETTINGS).writes == []
 
@@ -85,10 +86,9 @@ def test_tuning_p_and_f_rewrites_only_the_config_map() -> None:
     body = policy(kube, "chat")
     reconcile(kube, fresh(kube, "chat"), SETTINGS)
     template_before = kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"]
-    kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = {
-        "scheduler": {"cutoff": {"mode": "fixed", "value": 0.6}},
-        "fairness": {"weight": 0.4},
-    }
+    kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = serving(
+        {"scheduler": {"cutoff": {"mode": "fixed", "value": 0.6}}, "fairness": {"weight": 0.4}}
+    )
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     assert out.writes == [f"apply ConfigMap {NS}/chat-config"]
     assert (
@@ -119,7 +119,7 @@ def test_removing_the_ingress_section_deletes_the_ingress() -> None:
     kube = FakeKube()
     policy(kube, "chat", {"ingress": {"host": "a.example.com"}})
     reconcile(kube, fresh(kube, "chat"), SETTINGS)
-    kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = {}
+    kube.objects[(c.API_VERSION, c.KIND, NS, "chat")]["spec"] = serving()
     out = reconcile(kube, fresh(kube, "chat"), SETTINGS)
     # The ConfigMap is the whole spec (the sidecar's config file), so it changes too.
     assert out.writes == [f"apply ConfigMap {NS}/chat-config", f"delete Ingress {NS}/chat"]
@@ -151,7 +151,7 @@ def test_api_errors_become_a_degraded_condition() -> None:
 
 def test_status_reads_sidecar_metrics_of_running_pods() -> None:
     kube = FakeKube()
-    policy(kube, "chat", {"sidecar": {"port": 9999}})
+    policy(kube, "chat", {"sidecar": {"adminPort": 9999}})  # the scrape reads the admin port
     reconcile(kube, fresh(kube, "chat"), SETTINGS)
     kube.add(
         {

@@ -269,5 +269,6 @@ def test_requests_without_slo_fields_get_the_tenants_default_class() -> None:
     own = parse_request("completions", {"prompt": "hi", "slo": {"deadline_s": 9}}, {}, defaults,
                         "chat")
     assert own.slo == DeadlineSLO(9.0) and own.slo_class == "default"
-    problems = load_policy({"sloDefaults": {"defaultClass": "nope"}}).cross_field_problems()
+    problems = load_policy({"model": {"name": "m"}, "sloDefaults": {"defaultClass": "nope"}}
+                           ).cross_field_problems()
     assert problems == ["sloDefaults.defaultClass: 'nope' is not in sloDefaults.classes"]

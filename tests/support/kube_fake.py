@@ -16,6 +16,16 @@ from jitserve.operator.kube import KubeError
 
 JSON = dict[str, Any]
 _counter = itertools.count(1)
+SERVED = "tiny-llama"  # the tiny model's served name (jitserve.devstack.tinymodel)
+
+
+def serving(spec: JSON | None = None) -> JSON:
+    """``spec`` with the one field a serving policy must set, ``model.name``, if absent."""
+    doc = copy.deepcopy(spec or {})
+    model = doc.get("model")
+    if isinstance(model, dict) or model is None:
+        doc["model"] = {"name": SERVED, **(model or {})}
+    return doc
 
 
 def _server_defaults(obj: JSON) -> None:

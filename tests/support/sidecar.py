@@ -30,13 +30,19 @@ class SidecarProcess:
         max_body_bytes: int | None = None,
         log_path: Path | None = None,
         extra_args: list[str] | None = None,
+        admin_port: bool = False,
     ) -> None:
         """``engine_queue`` 0 by default: most tests watch the sidecar's own queue order;
-        None leaves the CLI's default."""
+        None leaves the CLI's default. ``admin_port``: /metrics and /debug on a port of
+        their own, as the operator runs it (``admin_url``)."""
         self.port = vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_port = vl.free_port() if admin_port else None
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}" if admin_port else self.url
         self.config = config
         extra = ["--reload-interval", "0.2", "--log-level", "INFO"]
+        if self.admin_port is not None:
+            extra += ["--admin-port", str(self.admin_port)]
         if engine_queue is not None:
             extra += ["--engine-queue", str(engine_queue)]
         for key, tenant in (api_keys or {}).items():
@@ -68,13 +74,13 @@ class SidecarProcess:
 
     def state(self) -> dict[str, Any]:
         """The sidecar's /debug/scheduler: policy figures, queue, running, frames."""
-        status, doc = get_json(self.url + "/debug/scheduler")
+        status, doc = get_json(self.admin_url + "/debug/scheduler")
         assert status == 200, doc
         result: dict[str, Any] = doc
         return result
 
     def metrics(self) -> str:
-        return get_text(self.url + "/metrics")
+        return get_text(self.admin_url + "/metrics")
 
     def write_config(self, spec: dict[str, Any] | str) -> None:
         """Replace the policy file atomically, as the kubelet swaps a ConfigMap volume."""

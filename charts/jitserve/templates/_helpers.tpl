@@ -89,6 +89,10 @@ Children are written with server-side apply (PATCH; creating one by apply also n
 - apiGroups: ["networking.k8s.io"]
   resources: ["ingresses"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The serving pods' NetworkPolicy (clients reach only the sidecar's API port).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Tenants' API keys: read the Secrets named in spec.fairness.tenants[].apiKeySecret, and
 # keep their copy in the policy's "<name>-api-keys" Secret (mounted by the sidecar).
 # No list/watch: key rotation is picked up by the periodic resync.

@@ -29,8 +29,11 @@ from typing import IO, Any
 
 from jitserve.devstack import vllm as vl
 from jitserve.errors import CLIError
-from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.policy import PolicyError, SLOPolicySpec, dump_policy_yaml, load_policy_file
+from jitserve.policy_batch import MAX_NUM_SEQS, ArgsError, BatchShape
 from jitserve.sidecar.cli import serve_command
+
+UP_MAX_NUM_SEQS = 16  # the tiny CPU model's batch; a GPU backend wants its own B
 
 
 def _cli_error(message: str) -> Exception:
@@ -65,12 +68,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tool-call-parser", default="pythonic",
                    help="vLLM's tool-call parser (tools, tool_choice; a named tool_choice "
                    "needs one); 'none': start vLLM without tool calling")
-    p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int, default=16,
+    p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int,
+                   default=None,
                    help="B: vLLM's batch slots (its --max-num-seqs) and the sidecar's batch size: "
-                   "one setting, so they cannot disagree")
+                   "one setting, so they cannot disagree (default: a --max-num-seqs in the "
+                   f"policy's model.args, else {UP_MAX_NUM_SEQS})")
     p.add_argument("--engine-queue", type=int, default=None,
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
-                   "(default: B/2, at least 2)")
+                   "(default: the policy's sidecar.engineQueue, else B/2, at least 2)")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
     p.add_argument("--analyzer-port", type=int, default=50051)
     p.add_argument("--log-dir", type=Path, default=None)
@@ -137,6 +142,21 @@ def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[byt
     return False
 
 
+def up_batch_shape(config: Path, max_num_seqs: int | None,
+                   engine_queue: int | None) -> BatchShape:
+    """B and the engine queue as the operator derives them from the same policy
+    (``ModelSpec.batch_shape``), the flags winning, the tiny CPU model's default B."""
+    try:
+        spec = load_policy_file(config)
+        model = spec.model
+        if max_num_seqs is not None:
+            model = model.model_copy(update={"args": [MAX_NUM_SEQS, str(max_num_seqs)]})
+        queue = spec.sidecar.engine_queue if engine_queue is None else engine_queue
+        return model.batch_shape(queue, default_max_num_seqs=UP_MAX_NUM_SEQS)
+    except (PolicyError, ArgsError) as err:
+        raise _cli_error(f"{config}: {err}") from err
+
+
 def main(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("aiohttp") is None:
         raise _cli_error("jitserve up needs the sidecar extra: pip install 'jitserve[sidecar]'")
@@ -149,6 +169,7 @@ def main(args: argparse.Namespace) -> int:
             config.write_text(dump_policy_yaml(SLOPolicySpec()))
     elif not config.exists():
         raise _cli_error(f"--config {config}: no such file")
+    shape = up_batch_shape(config, args.max_num_seqs, args.engine_queue)
     stack = Stack(log_dir)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"jitserve up: logs in {log_dir}", flush=True)
@@ -163,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=args.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
+                max_num_seqs=shape.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
                 engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
@@ -179,9 +200,8 @@ def main(args: argparse.Namespace) -> int:
                 print("  analyzer did not start; the sidecar uses its local estimator",
                       flush=True)
                 stack.children = [c for c in stack.children if c[1] is not proc]
-        cmd = serve_command(backend, args.port, config, args.max_num_seqs, host=args.host)
-        if args.engine_queue is not None:
-            cmd += ["--engine-queue", str(args.engine_queue)]
+        cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
+                            extra=["--engine-queue", str(shape.engine_queue)])
         if analyzer:
             cmd += ["--analyzer", analyzer]
         sidecar = stack.start("sidecar", cmd)

@@ -1,5 +1,8 @@
 """Pure functions from an ``SLOPolicy`` to each child object (plain dicts, wire format).
 
+The children's names and labels are :mod:`naming`'s, the Service, Ingress and
+NetworkPolicy :mod:`routing`'s; this module builds the rest and the whole list.
+
 Nothing here talks to a cluster. Rules the tests pin down:
 - the pod template depends only on the serving fields (``model``, ``sidecar``, ``pod``)
   and the operator's images, never on scheduler/fairness/SLO/admission settings, so tuning ``p``
@@ -11,16 +14,43 @@ Nothing here talks to a cluster. Rules the tests pin down:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from jitserve import __version__
 from jitserve.operator import constants as c
+from jitserve.operator.naming import (
+    JSON,
+    MAX_NAME,
+    PolicyRef,
+    api_keys_secret_name,
+    child_meta,
+    config_map_name,
+    labels,
+    name_problems,
+    selector_labels,
+    selector_string,
+)
+from jitserve.operator.routing import build_ingress, build_network_policy, build_service
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
 
-JSON = dict[str, Any]
+# the children's identity and routing live in naming and routing; builders is their face
+__all__ = [
+    "JSON",
+    "MAX_NAME",
+    "PolicyRef",
+    "api_keys_secret_name",
+    "build_ingress",
+    "build_network_policy",
+    "build_service",
+    "config_map_name",
+    "labels",
+    "name_problems",
+    "selector_labels",
+    "selector_string",
+    "watcher_namespaces",
+]
 
 
 class OperatorSettings(BaseModel):
@@ -35,30 +65,13 @@ class OperatorSettings(BaseModel):
     analyzer_storage_class: str | None = None
     status_interval_seconds: float = Field(default=15.0, gt=0)
     scrape_timeout_seconds: float = Field(default=2.0, gt=0)
-
-
-@dataclass(frozen=True)
-class PolicyRef:
-    """Identity of an SLOPolicy object, as children need it."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    def owner_reference(self, *, controller: bool = True) -> JSON:
-        ref: JSON = {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND,
-            "name": self.name,
-            "uid": self.uid,
-        }
-        if controller:
-            ref["controller"] = True
-            ref["blockOwnerDeletion"] = True
-        return ref
-
-
-MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
+    # Who may reach the serving pods' admin and vLLM ports (the NetworkPolicy): Prometheus
+    # in the monitoring namespace, and the operator itself (its status scrape).
+    monitoring_namespace: str = "monitoring"
+    operator_namespace: str | None = None
+    # The API server evaluates the CRD's CEL rules (Kubernetes >= 1.25): the webhook then
+    # checks only what they cannot say.
+    api_server_cel: bool = False
 
 
 def pod_hardening() -> dict[str, Any]:
@@ -77,41 +90,6 @@ def pod_hardening() -> dict[str, Any]:
     }
 
 
-def name_problems(name: str) -> list[str]:
-    """Child names are DNS labels derived from the policy name."""
-    if len(name) > MAX_NAME:
-        return [f"metadata.name: at most {MAX_NAME} characters (children are named after it)"]
-    if "." in name:
-        return ["metadata.name: must not contain '.' (children are Services, DNS labels)"]
-    return []
-
-
-def labels(policy: str, component: str) -> dict[str, str]:
-    return {
-        c.LABEL_NAME: "jitserve",
-        c.LABEL_INSTANCE: policy,
-        c.LABEL_COMPONENT: component,
-        c.LABEL_MANAGED_BY: c.MANAGED_BY,
-        c.LABEL_POLICY: policy,
-    }
-
-
-def selector_labels(policy: str) -> dict[str, str]:
-    return {c.LABEL_POLICY: policy, c.LABEL_COMPONENT: "serving"}
-
-
-def selector_string(policy: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(policy).items()))
-
-
-def config_map_name(policy: str) -> str:
-    return f"{policy}-config"
-
-
-def api_keys_secret_name(policy: str) -> str:
-    return f"{policy}-api-keys"
-
-
 def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
     """The claim mounted at /cache: the user's ``existingClaim``, ours, or None (emptyDir)."""
     cache = spec.model.cache
@@ -120,21 +98,12 @@ def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
     return cache.existing_claim or f"{policy}-model-cache"
 
 
-def _meta(ref: PolicyRef, name: str, component: str) -> JSON:
-    return {
-        "name": name,
-        "namespace": ref.namespace,
-        "labels": labels(ref.name, component),
-        "ownerReferences": [ref.owner_reference()],
-    }
-
-
 def build_config_map(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
     """The sidecar's config file, ``policy.yaml`` = :func:`dump_policy_yaml`."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ref, config_map_name(ref.name), "config"),
+        "metadata": child_meta(ref, config_map_name(ref.name), "config"),
         "data": {c.CONFIG_KEY: dump_policy_yaml(spec)},
     }
 
@@ -150,7 +119,7 @@ def build_api_keys_secret(ref: PolicyRef, keys: dict[str, str]) -> JSON:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _meta(ref, api_keys_secret_name(ref.name), "config"),
+        "metadata": child_meta(ref, api_keys_secret_name(ref.name), "config"),
         "data": dict(sorted(keys.items())),
     }
 
@@ -177,18 +146,12 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
     model = spec.model
     side = spec.sidecar
     pod = spec.pod
+    shape = model.batch_shape(side.engine_queue)
     vllm_args = [
-        "--model",
-        model.name,
-        "--served-model-name",
-        model.name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(model.port),
-        "--scheduling-policy",
-        "priority",
-        *model.args,
+        *("--model", model.loaded, "--served-model-name", model.served_name),
+        *("--host", "0.0.0.0", "--port", str(model.port)),
+        *("--scheduling-policy", "priority"),
+        *model.vllm_args(),
     ]
     gpu_limits = {model.gpu_resource: str(model.gpus)} if model.gpus > 0 else {}
     vllm: JSON = {
@@ -234,10 +197,15 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             *("--config", f"{c.CONFIG_DIR}/{c.CONFIG_KEY}"),
             *("--host", "0.0.0.0", "--port", str(side.port)),
             *("--backend", f"http://127.0.0.1:{model.port}"),
+            *shape.sidecar_args(),
+            *("--admin-port", str(side.admin_port)),
             *("--analyzer", analyzer_address(ref.namespace)),
             *("--keys-dir", c.KEYS_DIR),
         ],
-        "ports": [{"name": "http", "containerPort": side.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": side.port, "protocol": "TCP"},
+            {"name": c.ADMIN_PORT_NAME, "containerPort": side.admin_port, "protocol": "TCP"},
+        ],
         "resources": resources(side.cpu, side.memory),
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},
@@ -299,7 +267,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             "annotations": {
                 **dict(sorted(pod.annotations.items())),
                 "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(side.port),
+                "prometheus.io/port": str(side.admin_port),
                 "prometheus.io/path": "/metrics",
             },
         },
@@ -311,7 +279,7 @@ def build_deployment(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSett
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(ref, ref.name, "serving"),
+        "metadata": child_meta(ref, ref.name, "serving"),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(ref.name)},
@@ -321,19 +289,6 @@ def build_deployment(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSett
                 "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
             },
             "template": build_pod_template(ref, spec, settings),
-        },
-    }
-
-
-def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(ref, ref.name, "serving"),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(ref.name),
-            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
         },
     }
 
@@ -352,37 +307,18 @@ def build_model_cache_claim(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, f"{ref.name}-model-cache", "model-cache"),
+        "metadata": child_meta(ref, f"{ref.name}-model-cache", "model-cache"),
         "spec": claim,
     }
 
 
-def build_ingress(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
-    ing = spec.ingress
-    if ing is None:
-        return None
-    rule: JSON = {
-        "http": {
-            "paths": [
-                {
-                    "path": ing.path,
-                    "pathType": "Prefix",
-                    "backend": {"service": {"name": ref.name, "port": {"name": "http"}}},
-                }
-            ]
-        }
-    }
-    if ing.host:
-        rule["host"] = ing.host
-    body: JSON = {"rules": [rule]}
-    if ing.class_name:
-        body["ingressClassName"] = ing.class_name
-    if ing.tls_secret and ing.host:
-        body["tls"] = [{"hosts": [ing.host], "secretName": ing.tls_secret}]
-    meta = _meta(ref, ref.name, "ingress")
-    if ing.annotations:
-        meta["annotations"] = dict(sorted(ing.annotations.items()))
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": meta, "spec": body}
+def watcher_namespaces(settings: OperatorSettings) -> list[str]:
+    """Namespaces the NetworkPolicy admits to the admin and vLLM ports: Prometheus's and
+    the operator's own (its status scrape)."""
+    namespaces = [settings.monitoring_namespace]
+    if settings.operator_namespace and settings.operator_namespace not in namespaces:
+        namespaces.append(settings.operator_namespace)
+    return namespaces
 
 
 def build_policy_children(
@@ -402,7 +338,11 @@ def build_policy_children(
     claim = build_model_cache_claim(ref, spec)
     if claim is not None:
         children.append(claim)
-    children += [build_service(ref, spec), build_deployment(ref, spec, settings)]
+    children += [
+        build_service(ref, spec),
+        build_network_policy(ref, watcher_namespaces(settings)),
+        build_deployment(ref, spec, settings),
+    ]
     ingress = build_ingress(ref, spec)
     if ingress is not None:
         children.append(ingress)

@@ -54,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between status refreshes (metrics scrape, drift check)",
     )
     p.add_argument(
+        "--monitoring-namespace",
+        default=env("JITSERVE_MONITORING_NAMESPACE", defaults.monitoring_namespace),
+        help="namespace of Prometheus: the serving pods' NetworkPolicy admits it (and the "
+        "operator's own namespace, POD_NAMESPACE) to the admin and vLLM ports "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--liveness",
         default=None,
         metavar="URL",
@@ -86,6 +93,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=run)
 
 
+def api_server_has_cel(kube: object) -> bool:
+    """Whether the API server evaluates CRD CEL rules (on by default from Kubernetes 1.25;
+    1.20 drops the field). Unknown (no /version): assume not, so the webhook checks all."""
+    import re
+
+    request = getattr(kube, "request", None)
+    try:
+        version = request("GET", "/version") if request else None
+    except Exception:
+        return False
+    if not version:
+        return False
+    major = re.match(r"\d+", str(version.get("major", "")))
+    minor = re.match(r"\d+", str(version.get("minor", "")))
+    if major is None or minor is None:
+        return False
+    return (int(major.group()), int(minor.group())) >= (1, 25)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = OperatorSettings(
@@ -95,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             analyzer_storage=args.analyzer_storage,
             analyzer_storage_class=args.analyzer_storage_class,
             status_interval_seconds=args.status_interval,
+            monitoring_namespace=args.monitoring_namespace,
+            operator_namespace=os.environ.get("POD_NAMESPACE") or None,
         )
     except ValueError as err:
         raise CLIError(str(err)) from err
@@ -117,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         kube: Kube = RestKube.from_environment(args.kubeconfig)
     except Exception as err:  # kubeconfig missing or unreadable
         raise CLIError(f"cannot load Kubernetes credentials: {err}") from err
+    settings = settings.model_copy(update={"api_server_cel": api_server_has_cel(kube)})
     fault = os.environ.get(FAULT_ENV)
     if fault:
         kube = ExitAfterWrites(kube, int(fault))

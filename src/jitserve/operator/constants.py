@@ -23,6 +23,11 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_POLICY: Final = f"{GROUP}/policy"
 
+# The sidecar's admin port (metrics, /debug/scheduler): in no Service, no Ingress.
+ADMIN_PORT_NAME: Final = "admin"
+# Set by the API server on every namespace (Kubernetes >= 1.21).
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+
 CONFIG_KEY: Final = "policy.yaml"
 CONFIG_DIR: Final = "/etc/jitserve"
 KEYS_DIR: Final = "/etc/jitserve-keys"

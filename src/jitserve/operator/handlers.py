@@ -27,6 +27,7 @@ CHILDREN = (
     ("", "v1", "services"),
     ("", "v1", "persistentvolumeclaims"),
     ("networking.k8s.io", "v1", "ingresses"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 )
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
 
@@ -92,7 +93,7 @@ class Controller:
 
     def admit(self, operation: str, body: dict[str, Any], old: dict[str, Any] | None) -> None:
         """The validating webhook: raise kopf.AdmissionError naming each bad field."""
-        problems = admission_problems(body, old)
+        problems = admission_problems(body, old, cel=self.settings.api_server_cel)
         result = "denied" if problems else "allowed"
         self.metrics.admissions.labels(operation, result).inc()
         if problems:

@@ -26,6 +26,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Secret"): ("/api/v1", "secrets"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("networking.k8s.io/v1", "Ingress"): ("/apis/networking.k8s.io/v1", "ingresses"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     (c.API_VERSION, c.KIND): (f"/apis/{c.API_VERSION}", c.PLURAL),
 }
 

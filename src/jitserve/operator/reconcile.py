@@ -83,14 +83,18 @@ class Outcome:
     status: JSON = field(default_factory=dict)
 
 
-def spec_problems(body: JSON) -> tuple[SLOPolicySpec | None, list[str]]:
-    """Validate the policy: name rules, the pydantic model, cross-field rules."""
-    problems = b.name_problems(str(body["metadata"]["name"]))
+def spec_problems(body: JSON, *, cel: bool = False) -> tuple[SLOPolicySpec | None, list[str]]:
+    """Validate the policy: name rules, the pydantic model, cross-field rules.
+
+    ``cel``: the API server has already evaluated the CRD's CEL rules, so only what they
+    cannot say is checked (the webhook on Kubernetes >= 1.25)."""
+    problems = [] if cel else b.name_problems(str(body["metadata"]["name"]))
     try:
         spec = load_policy(body.get("spec") or {})
     except PolicyError as err:
         return None, [*problems, *(f"spec.{p.strip()}" for p in str(err).split("; "))]
-    problems += [f"spec.{p}" for p in spec.cross_field_problems()]
+    rules = spec.webhook_problems() if cel else spec.cross_field_problems()
+    problems += [f"spec.{p}" for p in rules]
     return (None if problems else spec), problems
 
 
@@ -216,7 +220,8 @@ def http_fetch(url: str, timeout_s: float) -> str:
 
 
 def metrics_targets(kube: Kube, body: JSON, spec_port: int) -> list[str]:
-    """``/metrics`` URLs of the policy's running pods (pod IP and the sidecar port)."""
+    """``/metrics`` URLs of the policy's running pods (pod IP and the sidecar's admin
+    port, which needs no key even with tenant keys on)."""
     ref = _policy_ref(body)
     pods = kube.list("v1", "Pod", ref.namespace, b.selector_string(ref.name))
     urls = []
@@ -291,7 +296,7 @@ def reconcile(
         spec, _ = spec_problems(body)
         spec = spec or SLOPolicySpec()
         try:
-            urls = metrics_targets(kube, body, spec.sidecar.port)
+            urls = metrics_targets(kube, body, spec.sidecar.admin_port)
         except KubeError as err:
             out.errors.append(err.message)
             urls = []

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jitserve.policy import SLOPolicySpec
+from jitserve.policy_batch import default_engine_queue
 from jitserve.requests import LiveRequest, LLMCall, Request
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import QuantileEstimator
@@ -88,7 +89,8 @@ class Dispatcher:
         self.metrics = metrics
         self.spec = spec
         self.max_running = max_running
-        self.engine_queue = max(max_running // 2, 2) if engine_queue is None else engine_queue
+        self.engine_queue = (
+            default_engine_queue(max_running) if engine_queue is None else engine_queue)
         self.clock = clock
         self._factory = policy_factory
         self.programs = ProgramBook()
