@@ -138,7 +138,7 @@ def register(subparsers: Any) -> None:
         "--live-slo",
         choices=("body", "headers", "none"),
         default="body",
-        help="with --live: send each request's SLO as the body's slo object, as x-slo-* "
+        help="with --live: send each request's SLO as the body's slo object, as x-llm-d-slo-* "
         "headers, or not at all (it is scored the same either way; the bare vLLM never gets it)",
     )
     parser.add_argument(

@@ -37,6 +37,7 @@ from jitserve.goodput import (
     score_request,
 )
 from jitserve.requests import Program, Request, Workitem
+from jitserve.sidecar import headers as hdr
 from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
 
 # ---- live workload --------------------------------------------------------------------------
@@ -92,8 +93,9 @@ def _slo_body(req: Request, program: Program | None = None, stage: int = 0) -> d
 
 SLOCarrier = Literal["body", "headers", "none"]
 """How a request's SLO travels: the body's ``slo`` object, the gateway headers
-(``x-slo-ttft-ms``, ``x-slo-tbt-ms``, ``x-slo-deadline-ms``), or not at all (the client
-still scores it against the same SLO)."""
+(llm-d's ``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms``, jitserve's
+``x-llm-d-slo-deadline-ms``), or not at all (the client still scores it against the same
+SLO)."""
 
 
 def slo_headers(slo: dict[str, Any], deadline_left_s: float | None = None) -> dict[str, str]:
@@ -102,12 +104,12 @@ def slo_headers(slo: dict[str, Any], deadline_left_s: float | None = None) -> di
     deadline (``deadline_left_s``)."""
     kind = slo.get("kind")
     if kind == "latency":
-        return {"x-slo-ttft-ms": f"{slo['ttft_ms']:g}", "x-slo-tbt-ms": f"{slo['tbt_ms']:g}"}
+        return {hdr.SLO_TTFT: f"{slo['ttft_ms']:g}", hdr.SLO_TPOT: f"{slo['tbt_ms']:g}"}
     if kind == "deadline":
-        return {"x-slo-deadline-ms": f"{slo['deadline_s'] * 1000:g}"}
+        return {hdr.SLO_DEADLINE: f"{slo['deadline_s'] * 1000:g}"}
     if kind == "compound":
         left = slo["deadline_s"] if deadline_left_s is None else deadline_left_s
-        return {"x-slo-deadline-ms": f"{max(left, 0.001) * 1000:.0f}"}
+        return {hdr.SLO_DEADLINE: f"{max(left, 0.001) * 1000:.0f}"}
     return {}
 
 
@@ -134,7 +136,7 @@ async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None,
                     ) -> StreamResult:
     body: dict[str, Any] = {"prompt": _prompt_ids(rng, req.prompt_tokens),
                             "max_tokens": req.output_tokens or 1, "ignore_eos": True}
-    headers = {"x-tenant": req.tenant}
+    headers = {hdr.FAIRNESS_ID: req.tenant}
     if carrier == "body":
         body["slo"] = slo
     elif carrier == "headers":
@@ -318,7 +320,8 @@ def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output", type=int, default=96)
     p.add_argument("--model", default=None)
     p.add_argument("--slo-via", choices=("body", "headers", "none"), default="body",
-                   help="send the SLO as the body's slo object, x-slo-* headers, or not at all")
+                   help="send the SLO as the body's slo object, x-llm-d-slo-* headers, or not "
+                   "at all")
     p.add_argument("--policies", default=None,
                    help="comma list: switch the sidecar to each in turn via --policy-file")
     p.add_argument("--policy-file", type=Path, default=None,
