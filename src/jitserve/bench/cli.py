@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--proxy-overhead",
         action="store_true",
-        help="measure the latency the sidecar adds per streamed token (100 streams x 100 tokens "
-        "against a fast local token source)",
+        help="deprecated alias of 'jitserve sidecar proxy-overhead' (its defaults: 100 streams "
+        "x 100 tokens against a fast local token source)",
     )
     parser.add_argument(
         "--micro",
@@ -311,6 +312,8 @@ def _live(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.proxy_overhead:
+        print("note: 'jitserve bench --proxy-overhead' is deprecated: use 'jitserve sidecar "
+              "proxy-overhead' (--streams, --tokens, --interval-ms, --emit)", file=sys.stderr)
         return overhead.proxy_overhead_main(
             argparse.Namespace(
                 streams=100,

@@ -18,6 +18,7 @@ import asyncio
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -314,11 +315,13 @@ def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--rate", type=float, default=2.0, help="work items per second")
     p.add_argument("--mix", default="1:1:1", help="latency:deadline:compound")
-    p.add_argument("--trace", default="azure-conv")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-prompt", type=int, default=128)
-    p.add_argument("--max-output", type=int, default=96)
-    p.add_argument("--model", default=None)
+    p.add_argument("--trace", default="azure-conv", help="length trace of the requests")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument("--max-prompt", type=int, default=128, metavar="TOKENS",
+                   help="longest prompt")
+    p.add_argument("--max-output", type=int, default=96, metavar="TOKENS",
+                   help="longest output")
+    p.add_argument("--model", default=None, help="model to ask for (default: the served one)")
     p.add_argument("--slo-via", choices=("body", "headers", "none"), default="body",
                    help="send the SLO as the body's slo object, x-llm-d-slo-* headers, or not "
                    "at all")
@@ -372,10 +375,18 @@ def bench_live_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deprecated_bench_live(args: argparse.Namespace) -> int:
+    print("note: 'jitserve sidecar bench-live' is deprecated: use 'jitserve bench --live URL' "
+          "(--duration, --rate, --mix, --trace; --live-slo for --slo-via, --live-prompt / "
+          "--live-output for --max-prompt / --max-output, --live-policy-file with --policies)",
+          file=sys.stderr)
+    return bench_live_main(args)
+
+
 def register_under_sidecar(sidecar_commands: Any) -> None:
-    """``jitserve sidecar bench-live``."""
+    """``jitserve sidecar bench-live``: the old spelling of ``jitserve bench --live``."""
     live = sidecar_commands.add_parser(
-        "bench-live", help="replay a short mixed workload against a live URL"
+        "bench-live", help="deprecated alias of 'jitserve bench --live URL'"
     )
     add_bench_live_arguments(live)
-    live.set_defaults(handler=bench_live_main)
+    live.set_defaults(handler=_deprecated_bench_live)

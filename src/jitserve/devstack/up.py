@@ -51,9 +51,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the sidecar's bind address")
     p.add_argument("--backend", default=None,
                    help="front an existing vLLM at this URL instead of starting one")
-    p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--vllm-port", type=int, default=8000, help="vLLM's TCP port")
     p.add_argument("--vllm-nice", type=int, default=vl.ENGINE_NICE,
-                   help="the CPU vLLM's nice (default %(default)s): on one machine its engine "
+                   help="the CPU vLLM's nice (default: %(default)s): on one machine its engine "
                    "keeps every core busy, and the sidecar in front of it must still get a CPU "
                    "at once; 0: the same priority")
     p.add_argument("--model", type=Path, default=None,
@@ -72,9 +72,11 @@ def register(subparsers: Any) -> None:
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
                    "(default: B/2, at least 2)")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
-    p.add_argument("--analyzer-port", type=int, default=50051)
-    p.add_argument("--log-dir", type=Path, default=None)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    p.add_argument("--analyzer-port", type=int, default=50051, help="the analyzer's gRPC port")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="where the children's logs go (default: a new temporary folder)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="seconds to wait for readiness")
     p.set_defaults(handler=main)
 
 

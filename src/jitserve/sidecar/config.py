@@ -68,6 +68,10 @@ class SidecarSettings(BaseModel):
         default=None, ge=0, le=65535,
         description="Serve /metrics and /debug/scheduler (and the probes) on this port only, "
         "without a key; the API port then answers 404 for them.")
+    policy_name: str = Field(
+        default="", max_length=253,
+        description="The SLOPolicy this sidecar serves: the policy label of "
+        "jitserve_build_info.")
     admin_keys: list[str] = Field(
         default_factory=list,
         description="Keys for /metrics and /debug/scheduler on the API port when tenant keys "
