@@ -149,8 +149,12 @@ def register(subparsers: Any) -> None:
         help="with --live-bare: the mixed SLO workload (--mix, --trace), or equal requests "
         "with a latency SLO (TTFT 2 s, TBT 100 ms) like vLLM's random dataset",
     )
-    parser.add_argument("--live-prompt", type=int, help="prompt tokens (cap for mixed)")
-    parser.add_argument("--live-output", type=int, help="output tokens (cap for mixed)")
+    parser.add_argument("--live-prompt", type=int, metavar="TOKENS",
+                        help="with --live: prompt tokens (cap for mixed; default: 128 without "
+                        "--live-bare)")
+    parser.add_argument("--live-output", type=int, metavar="TOKENS",
+                        help="with --live: output tokens (cap for mixed; default: 96 without "
+                        "--live-bare)")
     parser.add_argument(
         "--live-policy-file",
         type=Path,
@@ -341,8 +345,8 @@ def _live(args: argparse.Namespace) -> int:
             mix=args.mix,
             trace=args.trace,
             seed=int(args.seeds.split(",")[0]),
-            max_prompt=128,
-            max_output=96,
+            max_prompt=args.live_prompt or 128,
+            max_output=args.live_output or 96,
             model=None,
             slo_via=args.live_slo,
             policies=live_policies,
