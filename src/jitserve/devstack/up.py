@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tool-call-parser", default="pythonic",
                    help="vLLM's tool-call parser (tools, tool_choice; a named tool_choice "
                    "needs one); 'none': start vLLM without tool calling")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="start vLLM with this --reasoning-parser and tell the sidecar, which "
+                   "then sends chat to vLLM's chat endpoint (reasoning apart from content)")
     p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int, default=16,
                    help="B: vLLM's batch slots (its --max-num-seqs) and the sidecar's batch size: "
                    "one setting, so they cannot disagree")
@@ -165,7 +168,8 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=args.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
+                max_num_seqs=args.max_num_seqs, extra=[*vl.tool_flags(args.tool_call_parser),
+                                     *vl.reasoning_flags(args.reasoning_parser)]),
                 engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
@@ -186,6 +190,8 @@ def main(args: argparse.Namespace) -> int:
             cmd += ["--engine-queue", str(args.engine_queue)]
         if analyzer:
             cmd += ["--analyzer", analyzer]
+        if args.reasoning_parser:
+            cmd += ["--reasoning-parser", args.reasoning_parser]
         sidecar = stack.start("sidecar", cmd)
         endpoint = f"http://{args.host}:{args.port}"
         _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)

@@ -304,8 +304,11 @@ def parse_request(
     defaults: SLODefaults,
     tenant_class: str | None = None,
     limits: LimitsSettings | None = None,
+    forward_chat: bool = False,
 ) -> ParsedRequest:
-    """Validate a decoded JSON body; raises APIError(400) naming the field."""
+    """Validate a decoded JSON body; raises APIError(400) naming the field.
+    ``forward_chat``: every chat request goes to vLLM's own endpoint (vLLM runs a
+    reasoning parser, which only its chat endpoint applies)."""
     if not isinstance(raw, dict):
         raise bad_request("body", "must be a JSON object")
     try:
@@ -324,7 +327,7 @@ def parse_request(
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody):
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        forwarded = forwarded or has_media(messages)
+        forwarded = forwarded or forward_chat or has_media(messages)
         if body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
     else:

@@ -23,7 +23,8 @@ from jitserve.errors import CLIError, flag_error
 
 FLAGS = {
     "backend_url": "--backend", "host": "--host", "port": "--port", "config_path": "--config",
-    "policy_name": "--policy-name", "max_running": "--max-running",
+    "policy_name": "--policy-name", "reasoning_parser": "--reasoning-parser",
+    "max_running": "--max-running",
     "engine_queue": "--engine-queue", "max_body_bytes": "--max-body-bytes",
     "default_max_tokens": "--default-max-tokens", "reload_interval_s": "--reload-interval",
     "api_keys": "--api-key", "api_keys_file": "--api-keys-file", "keys_dir": "--keys-dir",
@@ -65,6 +66,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-queue", type=int, default=None, metavar="N",
                    help="requests kept queued inside vLLM beyond its B slots, in the policy's "
                    "order, so a freed slot never waits for the sidecar (default: B/2, >= 2)")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="the --reasoning-parser vLLM runs with: chat requests then go to "
+                   "vLLM's chat endpoint, which returns the reasoning apart from the content "
+                   "(they are scheduled but not preempted)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
                    help="largest request body (413 beyond)")
     p.add_argument("--default-max-tokens", type=int, default=None, metavar="TOKENS",
@@ -125,7 +130,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             default_max_tokens=args.default_max_tokens, reload_interval_s=args.reload_interval,
             api_keys=keys, api_keys_file=args.api_keys_file, keys_dir=args.keys_dir,
             analyzer=args.analyzer, admin_port=args.admin_port, admin_keys=args.admin_key,
-            policy_name=args.policy_name, stall_timeout_s=args.stall_timeout,
+            policy_name=args.policy_name, reasoning_parser=args.reasoning_parser,
+            stall_timeout_s=args.stall_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, max_json_depth=args.max_json_depth,
             max_buffered_tokens=args.max_buffered_tokens)

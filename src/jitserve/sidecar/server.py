@@ -302,7 +302,8 @@ class SidecarServer:
         tenant = intake.tenant_of(request, self.keys)
         raw = await intake.read_json(request, self.settings)
         parsed = parse_request(endpoint, raw, request.headers, self.spec.slo_defaults,
-                               self.spec.fairness.default_class_of(tenant), self.spec.limits)
+                               self.spec.fairness.default_class_of(tenant), self.spec.limits,
+                               forward_chat=self.settings.reasoning_parser is not None)
         d = self.dispatcher
         if d.draining:
             raise APIError(503, "the sidecar is shutting down", type_="service_unavailable",
