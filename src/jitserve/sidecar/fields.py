@@ -49,7 +49,8 @@ FORWARDED: dict[str, tuple[object, ...]] = {
     # prefix-cache isolation, structural tags, token-id output, embeddings as input...
     "kv_transfer_params": (None,), "cache_salt": (None,), "structural_tag": (None,),
     "return_tokens_as_token_ids": (None, False), "prompt_embeds": (None,),
-    "media_io_kwargs": (None,),
+    "media_io_kwargs": (None,), "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
 }
 # Accepted and not sent to vLLM: request metadata with no effect on the output.
 _IGNORED = ("user", "metadata", "store", "service_tier")

@@ -42,6 +42,7 @@ API_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "/v1/responses/{response_id}"),
     ("POST", "/v1/responses/{response_id}/cancel"),
     ("POST", "/v1/embeddings"),
+    ("POST", "/v2/embed"),
     ("POST", "/pooling"),
     ("POST", "/classify"),
     ("POST", "/score"),
