@@ -4,7 +4,8 @@
 Runs the load generator vLLM users compare servers with (``vllm.benchmarks.serve``, the
 code behind ``vllm bench serve``) in this process, once per run, alternating the sidecar
 (A) and the vLLM behind it (B) for ``--rounds`` rounds at each ``--rates`` arrival rate
-(A then B in odd rounds, B then A in even ones), and collects its JSON results into one table (Markdown + JSON): request throughput,
+(A then B in odd rounds, B then A in even ones), and collects its JSON results into one
+table (Markdown + JSON): request throughput,
 output throughput, vLLM's request goodput (``--goodput ttft:MS tpot:MS``), TTFT/TPOT
 percentiles, refusals by status (429/503) and the client's own warnings. It must run
 with the interpreter that has vLLM (the CPU build's venv); it needs nothing from
@@ -38,12 +39,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 DEFAULT_TOKENIZER = Path.home() / ".cache" / "jitserve" / "models" / "tiny-llama"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

@@ -70,6 +70,9 @@ if [ ! -e "$SRC_LIST" ]; then
     "$uri" | $SUDO tee "$SRC_LIST" >/dev/null
   need_update=1
 fi
+# apt's own lock fails a second apt-get at once; the other setup scripts take this one
+exec 7>"$CACHE/apt.lock"
+flock 7
 if [ "${#missing[@]}" -gt 0 ] || [ "${need_update:-0}" = "1" ]; then
   $SUDO apt-get update -qq
 fi
@@ -78,6 +81,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
+flock -u 7
 # etcd-server's maintainer scripts may start a system etcd; the tests use their own
 # data dir and ports, so it does not matter, but do not leave a stray one we started.
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from analyzer_helpers import SMALL_FOREST, RunningAnalyzer, start_analyzer
 
 from jitserve.analyzer.corpus import length_corpus
 from jitserve.analyzer.qrf_model import LengthModel
 from jitserve.analyzer.qrf_train import train_model
+from tests.support.analyzer import SMALL_FOREST, RunningAnalyzer, start_analyzer
 
 
 @pytest.fixture(scope="session")

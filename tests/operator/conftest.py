@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from live_stack import live_vllm  # noqa: F401 (fixture)
-from operator_support import (  # noqa: F401 (fixtures)
+
+from tests.support.operator_session import (  # noqa: F401 (fixtures)
     MEASURED,
     admin,
     cluster,

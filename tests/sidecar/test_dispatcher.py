@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jitserve.goodput import GoodputLedger, Outcome
+from jitserve.goodput import Outcome
 from jitserve.policy import SLOPolicySpec, load_policy
 from jitserve.requests import LiveRequest, Request
 from jitserve.scheduling.estimators import QuantileEstimator
@@ -33,6 +33,7 @@ from jitserve.sidecar.dispatcher import Dispatcher
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
+from tests.support.ledgers import RecordingLedger
 
 TICK = 0.05
 FRAME_EVERY = 4  # ticks
@@ -52,14 +53,6 @@ def frozen() -> FrozenSpeed:
     return FrozenSpeed(decode_step_s=0.02, prefill_s_per_token=2e-3, token_s=2e-3)
 
 
-class RecordingLedger(GoodputLedger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.outcomes: list[Outcome] = []
-
-    def record(self, o: Outcome) -> None:
-        super().record(o)
-        self.outcomes.append(o)
 
 
 @dataclass

@@ -102,11 +102,35 @@ def vllm_env() -> dict[str, str]:
 
 
 def start_process(cmd: list[str], log_file: IO[bytes] | None, env: dict[str, str] | None = None,
+                  *, cwd: Path | None = None, die_with_parent: bool = True,
                   ) -> subprocess.Popen[bytes]:
     """Start a child in its own process group (so it can be stopped with all its
-    children) writing to ``log_file``."""
-    return subprocess.Popen(cmd, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    children) writing to ``log_file``. With ``die_with_parent`` the group is killed when
+    this process dies, however it dies (see :func:`kill_group_when_parent_dies`)."""
+    proc = subprocess.Popen(cmd, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+    if die_with_parent:
+        kill_group_when_parent_dies(proc.pid)
+    return proc
+
+
+WATCHDOG_SCRIPT = (
+    'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done; '
+    'kill -0 "$2" 2>/dev/null && kill -KILL -- "-$2"'
+)
+"""sh: poll the parent ($1) and the group leader ($2) once a second; when the parent is
+gone and the leader is not, kill the leader's whole group."""
+
+
+def kill_group_when_parent_dies(leader: int) -> None:
+    """A killed parent (``kill -9`` of a test run or of ``jitserve up``) leaves children
+    that outlive it: a CPU vLLM holds ~2 GB and its engine keeps a core busy. A
+    PDEATHSIG would reach only the leader, not the engine core it forked, so a detached
+    ``sh`` watches instead and kills the whole group. It exits by itself once the group
+    leader is gone (a normal stop), so nothing is left behind either way."""
+    subprocess.Popen(["sh", "-c", WATCHDOG_SCRIPT, "jitserve-watchdog", str(os.getpid()),
+                      str(leader)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 ENGINE_NICE = 10

@@ -1,0 +1,1 @@
+"""Developer scripts, run as files; the tests import ``scripts.render_manifests``."""

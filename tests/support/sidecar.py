@@ -1,0 +1,124 @@
+"""The one sidecar of the tests: ``jitserve sidecar serve`` (the real CLI, through
+jitserve.sidecar.cli.serve_command) in its own process on a free loopback port, with
+its own GIL, so the test's client cannot slow its event loop down; and a factory that
+starts each test's sidecars on an idle shared vLLM and stops them after."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jitserve.devstack import vllm as vl
+from jitserve.sidecar.cli import serve_command
+
+from .http import get_json, get_text
+
+
+class SidecarProcess:
+    def __init__(
+        self,
+        backend_url: str,
+        *,
+        config: Path,
+        max_running: int = 4,
+        engine_queue: int | None = 0,
+        api_keys: dict[str, str] | None = None,
+        max_body_bytes: int | None = None,
+        log_path: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        """``engine_queue`` 0 by default: most tests watch the sidecar's own queue order;
+        None leaves the CLI's default."""
+        self.port = vl.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = config
+        extra = ["--reload-interval", "0.2", "--log-level", "INFO"]
+        if engine_queue is not None:
+            extra += ["--engine-queue", str(engine_queue)]
+        for key, tenant in (api_keys or {}).items():
+            extra += ["--api-key", f"{tenant}={key}"]
+        if max_body_bytes is not None:
+            extra += ["--max-body-bytes", str(max_body_bytes)]
+        cmd = serve_command(backend_url, self.port, config, max_running,
+                            extra=[*extra, *(extra_args or [])])
+        self.log_path = log_path or config.with_suffix(".log")
+        self._log = self.log_path.open("ab")
+        self.proc = vl.start_process(cmd, self._log)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> SidecarProcess:
+        if not vl.wait_http_ok(self.url + "/ready", timeout_s, self.proc):
+            raise AssertionError(f"sidecar not ready (exit code {self.proc.poll()}); log:\n"
+                                 f"{vl.tail(self.log_path)}")
+        return self
+
+    def wait_up(self, timeout_s: float = 120.0) -> SidecarProcess:
+        """Until the process serves (``/health``), ready or not."""
+        if not vl.wait_http_ok(self.url + "/health", timeout_s, self.proc):
+            raise AssertionError(f"sidecar not up; log:\n{vl.tail(self.log_path)}")
+        return self
+
+    def ready(self) -> tuple[int, dict[str, Any]]:
+        """The status and document of /ready (503 while draining or misconfigured)."""
+        status, doc = get_json(self.url + "/ready")
+        return status, doc or {}
+
+    def state(self) -> dict[str, Any]:
+        """The sidecar's /debug/scheduler: policy figures, queue, running, frames."""
+        status, doc = get_json(self.url + "/debug/scheduler")
+        assert status == 200, doc
+        result: dict[str, Any] = doc
+        return result
+
+    def metrics(self) -> str:
+        return get_text(self.url + "/metrics")
+
+    def write_config(self, spec: dict[str, Any] | str) -> None:
+        """Replace the policy file atomically, as the kubelet swaps a ConfigMap volume."""
+        text = spec if isinstance(spec, str) else yaml.safe_dump(spec)
+        tmp = self.config.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.config)
+
+    def close(self) -> None:
+        vl.stop_process(self.proc)
+        self._log.close()
+
+
+Factory = Callable[..., SidecarProcess]
+
+
+def make_factory(backend_url: str, tmp_path: Path, started: list[SidecarProcess]) -> Factory:
+    """``make(policy, ready=True, **SidecarProcess settings)``: a sidecar with its own
+    policy file, started once the shared vLLM runs nothing left over."""
+
+    def make(policy: dict[str, Any] | None = None, *, ready: bool = True,
+             **settings: Any) -> SidecarProcess:
+        wait_backend_idle(backend_url)
+        config = tmp_path / f"policy-{len(started)}.yaml"
+        config.write_text(yaml.safe_dump(policy or {}))
+        s = SidecarProcess(backend_url, config=config, **settings)
+        started.append(s)
+        return s.wait_ready() if ready else s.wait_up()
+
+    return make
+
+
+def wait_backend_idle(backend_url: str, timeout_s: float = 120.0) -> None:
+    """A test starts on a shared vLLM that runs nothing left over from the previous test
+    (an aborted request is dropped by vLLM a moment after its stream closes); bounded."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = get_text(backend_url + "/metrics")
+        except Exception:  # not a vLLM (a fake backend) or not up yet: nothing to wait for
+            return
+        busy = [line for line in text.splitlines()
+                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                and not line.rstrip().endswith(" 0.0")]
+        if not busy:
+            return
+        time.sleep(0.2)

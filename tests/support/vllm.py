@@ -1,0 +1,86 @@
+"""The one tiny real vLLM of the tests (CPU build from scripts/setup-vllm.sh, the
+dummy-weight Llama of jitserve.devstack.tinymodel) and its launcher.
+
+Every test that needs a vLLM uses :func:`start_tiny_vllm`: the session's shared one
+(the ``vllm_url`` fixture in tests/conftest.py) and the private ones of the fault tests
+that freeze or kill theirs. It runs at the caller's priority (nice 0): under load from
+other work on the machine a reniced vLLM got a few percent of a core and did not start
+in ten minutes, and no test here depends on how fast vLLM runs. Its process group dies
+with the test process (jitserve.devstack.vllm.kill_group_when_parent_dies), so a
+killed pytest leaves no vLLM behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from jitserve.devstack import vllm as vl
+
+START_TIMEOUT_S = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "900"))
+SLOTS = 16
+CONTEXT = 4096
+"""The shared vLLM's ``--max-num-seqs`` and ``--max-model-len``: a long stream is up to
+4000 tokens."""
+
+
+class VLLMNotInstalled(AssertionError):
+    pass
+
+
+@dataclass
+class TinyVLLM:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        vl.stop_process(self.proc)
+
+
+def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
+                    extra: list[str] | None = None) -> TinyVLLM:
+    """A real vLLM on a free loopback port, with the tool-call flags ``jitserve up``
+    passes, once it answers /health."""
+    python = vl.vllm_python()
+    if python is None:
+        raise VLLMNotInstalled("vLLM is not installed: run scripts/setup-vllm.sh "
+                               "(scripts/test.sh does), or set JITSERVE_VLLM_PYTHON")
+    model = vl.ensure_tiny_model(python=python)
+    port = vl.free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"
+    cmd = vl.vllm_command(python, model, port, max_num_seqs=max_num_seqs,
+                          max_model_len=max_model_len, extra=[*vl.TOOL_FLAGS, *(extra or [])])
+    with log_path.open("ab") as log:
+        proc = vl.start_engine(cmd, log, nice=0)
+    engine = TinyVLLM(proc, f"http://127.0.0.1:{port}", log_path)
+    if not vl.wait_http_ok(engine.url + "/health", START_TIMEOUT_S, proc):
+        engine.stop()
+        raise AssertionError(f"vLLM did not start in {START_TIMEOUT_S:.0f} s (exit code "
+                             f"{proc.poll()}); {log_path}:\n{vl.tail(log_path, 60)}")
+    return engine
+
+
+@contextmanager
+def tiny_vllm(**settings: int) -> Iterator[TinyVLLM]:
+    engine = start_tiny_vllm(**settings)  # type: ignore[arg-type]
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def shared_vllm_url() -> Iterator[str]:
+    """The body of the session fixture: ``JITSERVE_TEST_VLLM_URL`` (a developer's
+    already running tiny vLLM, started as :func:`start_tiny_vllm` does) or a new one."""
+    existing = os.environ.get("JITSERVE_TEST_VLLM_URL")
+    if existing:
+        yield existing.rstrip("/")
+        return
+    with tiny_vllm() as engine:
+        yield engine.url
