@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from jitserve import __version__
 from jitserve.errors import CLIError
 
 # (subcommand, module exposing ``register(subparsers)``, extra it needs or "")
@@ -39,12 +40,35 @@ def _missing(parser: argparse.ArgumentParser, command: str, err: ImportError, ex
     parser.set_defaults(_missing=f"jitserve {command} needs '{err.name}'; install it: {install}")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it has none to show (no value,
+    a flag that is off, an empty list) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default in ([], "") or "default" in text.lower()
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return super()._get_help_string(action)
+
+
+def _format_all(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every subcommand's parser the :class:`HelpFormatter`."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _format_all(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jitserve",
         description="SLO-aware LLM serving: GMAX scheduler, simulator, sidecar, analyzer,"
         " operator.",
     )
+    parser.add_argument("--version", action="version", version=f"jitserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     children: dict[str, Any] = {}
     for name, module_name, extra in COMPONENTS:
@@ -63,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError:  # its parent is there but not this tool's extra: leave it out
             continue
         getattr(module, f"register_under_{parent}")(children[parent])
+    _format_all(parser)
     return parser
 
 

@@ -83,11 +83,11 @@ def test_live_compare_refuses_bad_targets(vllm_url: str, tmp_path: Path,
 
 def test_slo_headers_and_table_without_a_bare_run() -> None:
     assert slo_headers({"kind": "latency", "ttft_ms": 2000.0, "tbt_ms": 100.0}) == {
-        "x-slo-ttft-ms": "2000", "x-slo-tbt-ms": "100"}
+        "x-llm-d-slo-ttft-ms": "2000", "x-llm-d-slo-tpot-ms": "100"}
     assert slo_headers({"kind": "deadline", "deadline_s": 20.0}) == {
-        "x-slo-deadline-ms": "20000"}
+        "x-llm-d-slo-deadline-ms": "20000"}
     compound = {"kind": "compound", "deadline_s": 40.0, "program_id": "p", "stage": 1}
-    assert slo_headers(compound, deadline_left_s=12.5) == {"x-slo-deadline-ms": "12500"}
+    assert slo_headers(compound, deadline_left_s=12.5) == {"x-llm-d-slo-deadline-ms": "12500"}
     assert slo_headers({"kind": "best_effort"}) == {}
     assert summarize([])["ratios"] == {}
     assert markdown([]).startswith("| run | target |")

@@ -109,7 +109,6 @@ def test_compound_needs_program_id_and_keeps_its_place() -> None:
         ({"prompt": "hi", "max_tokens": 0}, {}, "max_tokens"),
         ({"prompt": "hi", "max_tokens": "ten"}, {}, "max_tokens"),
         ({"prompt": "hi", "stream": "maybe"}, {}, "stream"),
-        ({"prompt": "hi", "frobnicate": 2}, {}, "frobnicate"),
         ({"prompt": "hi", "priority": 5}, {}, "priority"),
         ({"prompt": "hi"}, {"x-llm-d-slo-ttft-ms": "soon"}, "x-llm-d-slo-ttft-ms"),
         ({"prompt": "hi"}, {"x-gateway-inference-objective": "gold"},

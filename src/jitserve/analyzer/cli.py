@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
                        help="Default quantile of the length bound (default 0.95).")
     serve.add_argument("--corpus-size", type=int, default=12_000,
                        help="Synthetic prompts to train on when no model is checkpointed.")
-    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--seed", type=int, default=0, help="Seed of the synthetic corpus.")
     serve.add_argument("--retrain-min-new", type=int, default=500,
                        help="Observed completions that trigger a background retrain.")
     serve.add_argument("--retrain-interval", type=float, default=60.0,
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
                        help="Seconds between checkpoints when something changed (default 30).")
     serve.add_argument("--history-capacity", type=int, default=2000,
                        help="Pattern graphs kept (default 2000).")
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR.")
     serve.set_defaults(handler=_serve)
 
     ev = commands.add_parser("eval", help="Measure coverage, refinement, latency and matching; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def register(subparsers: Any) -> None:
         "--live-slo",
         choices=("body", "headers", "none"),
         default="body",
-        help="with --live: send each request's SLO as the body's slo object, as x-slo-* "
+        help="with --live: send each request's SLO as the body's slo object, as x-llm-d-slo-* "
         "headers, or not at all (it is scored the same either way; the bare vLLM never gets it)",
     )
     parser.add_argument(
@@ -148,8 +149,12 @@ def register(subparsers: Any) -> None:
         help="with --live-bare: the mixed SLO workload (--mix, --trace), or equal requests "
         "with a latency SLO (TTFT 2 s, TBT 100 ms) like vLLM's random dataset",
     )
-    parser.add_argument("--live-prompt", type=int, help="prompt tokens (cap for mixed)")
-    parser.add_argument("--live-output", type=int, help="output tokens (cap for mixed)")
+    parser.add_argument("--live-prompt", type=int, metavar="TOKENS",
+                        help="with --live: prompt tokens (cap for mixed; default: 128 without "
+                        "--live-bare)")
+    parser.add_argument("--live-output", type=int, metavar="TOKENS",
+                        help="with --live: output tokens (cap for mixed; default: 96 without "
+                        "--live-bare)")
     parser.add_argument(
         "--live-policy-file",
         type=Path,
@@ -159,8 +164,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--proxy-overhead",
         action="store_true",
-        help="measure the latency the sidecar adds per streamed token (100 streams x 100 tokens "
-        "against a fast local token source)",
+        help="deprecated alias of 'jitserve sidecar proxy-overhead' (its defaults: 100 streams "
+        "x 100 tokens against a fast local token source)",
     )
     parser.add_argument(
         "--micro",
@@ -311,6 +316,8 @@ def _live(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.proxy_overhead:
+        print("note: 'jitserve bench --proxy-overhead' is deprecated: use 'jitserve sidecar "
+              "proxy-overhead' (--streams, --tokens, --interval-ms, --emit)", file=sys.stderr)
         return overhead.proxy_overhead_main(
             argparse.Namespace(
                 streams=100,
@@ -338,8 +345,8 @@ def _live(args: argparse.Namespace) -> int:
             mix=args.mix,
             trace=args.trace,
             seed=int(args.seeds.split(",")[0]),
-            max_prompt=128,
-            max_output=96,
+            max_prompt=args.live_prompt or 128,
+            max_output=args.live_output or 96,
             model=None,
             slo_via=args.live_slo,
             policies=live_policies,

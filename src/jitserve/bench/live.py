@@ -18,6 +18,7 @@ import asyncio
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from jitserve.goodput import (
     score_request,
 )
 from jitserve.requests import Program, Request, Workitem
+from jitserve.sidecar import headers as hdr
 from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
 
 # ---- live workload --------------------------------------------------------------------------
@@ -92,8 +94,9 @@ def _slo_body(req: Request, program: Program | None = None, stage: int = 0) -> d
 
 SLOCarrier = Literal["body", "headers", "none"]
 """How a request's SLO travels: the body's ``slo`` object, the gateway headers
-(``x-slo-ttft-ms``, ``x-slo-tbt-ms``, ``x-slo-deadline-ms``), or not at all (the client
-still scores it against the same SLO)."""
+(llm-d's ``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms``, jitserve's
+``x-llm-d-slo-deadline-ms``), or not at all (the client still scores it against the same
+SLO)."""
 
 
 def slo_headers(slo: dict[str, Any], deadline_left_s: float | None = None) -> dict[str, str]:
@@ -102,12 +105,12 @@ def slo_headers(slo: dict[str, Any], deadline_left_s: float | None = None) -> di
     deadline (``deadline_left_s``)."""
     kind = slo.get("kind")
     if kind == "latency":
-        return {"x-slo-ttft-ms": f"{slo['ttft_ms']:g}", "x-slo-tbt-ms": f"{slo['tbt_ms']:g}"}
+        return {hdr.SLO_TTFT: f"{slo['ttft_ms']:g}", hdr.SLO_TPOT: f"{slo['tbt_ms']:g}"}
     if kind == "deadline":
-        return {"x-slo-deadline-ms": f"{slo['deadline_s'] * 1000:g}"}
+        return {hdr.SLO_DEADLINE: f"{slo['deadline_s'] * 1000:g}"}
     if kind == "compound":
         left = slo["deadline_s"] if deadline_left_s is None else deadline_left_s
-        return {"x-slo-deadline-ms": f"{max(left, 0.001) * 1000:.0f}"}
+        return {hdr.SLO_DEADLINE: f"{max(left, 0.001) * 1000:.0f}"}
     return {}
 
 
@@ -134,7 +137,7 @@ async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None,
                     ) -> StreamResult:
     body: dict[str, Any] = {"prompt": _prompt_ids(rng, req.prompt_tokens),
                             "max_tokens": req.output_tokens or 1, "ignore_eos": True}
-    headers = {"x-tenant": req.tenant}
+    headers = {hdr.FAIRNESS_ID: req.tenant}
     if carrier == "body":
         body["slo"] = slo
     elif carrier == "headers":
@@ -312,13 +315,16 @@ def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--rate", type=float, default=2.0, help="work items per second")
     p.add_argument("--mix", default="1:1:1", help="latency:deadline:compound")
-    p.add_argument("--trace", default="azure-conv")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-prompt", type=int, default=128)
-    p.add_argument("--max-output", type=int, default=96)
-    p.add_argument("--model", default=None)
+    p.add_argument("--trace", default="azure-conv", help="length trace of the requests")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument("--max-prompt", type=int, default=128, metavar="TOKENS",
+                   help="longest prompt")
+    p.add_argument("--max-output", type=int, default=96, metavar="TOKENS",
+                   help="longest output")
+    p.add_argument("--model", default=None, help="model to ask for (default: the served one)")
     p.add_argument("--slo-via", choices=("body", "headers", "none"), default="body",
-                   help="send the SLO as the body's slo object, x-slo-* headers, or not at all")
+                   help="send the SLO as the body's slo object, x-llm-d-slo-* headers, or not "
+                   "at all")
     p.add_argument("--policies", default=None,
                    help="comma list: switch the sidecar to each in turn via --policy-file")
     p.add_argument("--policy-file", type=Path, default=None,
@@ -369,10 +375,18 @@ def bench_live_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deprecated_bench_live(args: argparse.Namespace) -> int:
+    print("note: 'jitserve sidecar bench-live' is deprecated: use 'jitserve bench --live URL' "
+          "(--duration, --rate, --mix, --trace; --live-slo for --slo-via, --live-prompt / "
+          "--live-output for --max-prompt / --max-output, --live-policy-file with --policies)",
+          file=sys.stderr)
+    return bench_live_main(args)
+
+
 def register_under_sidecar(sidecar_commands: Any) -> None:
-    """``jitserve sidecar bench-live``."""
+    """``jitserve sidecar bench-live``: the old spelling of ``jitserve bench --live``."""
     live = sidecar_commands.add_parser(
-        "bench-live", help="replay a short mixed workload against a live URL"
+        "bench-live", help="deprecated alias of 'jitserve bench --live URL'"
     )
     add_bench_live_arguments(live)
-    live.set_defaults(handler=bench_live_main)
+    live.set_defaults(handler=_deprecated_bench_live)

@@ -226,10 +226,11 @@ def measure_proxy_overhead(
 
 
 def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--streams", type=int, default=100)
+    p.add_argument("--streams", type=int, default=100, help="concurrent streams")
     p.add_argument("--tokens", type=int, default=100, help="tokens per stream")
-    p.add_argument("--interval-ms", type=float, default=30.0, help="token interval per stream")
-    p.add_argument("--policy", default="gmax")
+    p.add_argument("--interval-ms", type=float, default=30.0, metavar="MS",
+                   help="milliseconds between a stream's tokens")
+    p.add_argument("--policy", default="gmax", help="the sidecar's scheduler")
     p.add_argument(
         "--emit",
         choices=EMIT_MODES,
@@ -261,13 +262,13 @@ def proxy_overhead_main(args: argparse.Namespace) -> int:
 
 
 def register_under_sidecar(sidecar_commands: Any) -> None:
-    """``jitserve sidecar proxy-overhead``."""
+    """``jitserve sidecar proxy-overhead`` (``jitserve bench --proxy-overhead`` is its
+    deprecated alias)."""
     overhead = sidecar_commands.add_parser(
         "proxy-overhead", help="added latency per streamed token through the sidecar"
     )
     add_proxy_overhead_arguments(overhead)
     overhead.set_defaults(handler=proxy_overhead_main)
-
 
 if __name__ == "__main__":
     if len(sys.argv) in (4, 5) and sys.argv[1] == "token-source":

@@ -54,9 +54,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the sidecar's bind address")
     p.add_argument("--backend", default=None,
                    help="front an existing vLLM at this URL instead of starting one")
-    p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--vllm-port", type=int, default=8000, help="vLLM's TCP port")
     p.add_argument("--vllm-nice", type=int, default=vl.ENGINE_NICE,
-                   help="the CPU vLLM's nice (default %(default)s): on one machine its engine "
+                   help="the CPU vLLM's nice (default: %(default)s): on one machine its engine "
                    "keeps every core busy, and the sidecar in front of it must still get a CPU "
                    "at once; 0: the same priority")
     p.add_argument("--model", type=Path, default=None,
@@ -68,6 +68,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tool-call-parser", default="pythonic",
                    help="vLLM's tool-call parser (tools, tool_choice; a named tool_choice "
                    "needs one); 'none': start vLLM without tool calling")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="start vLLM with this --reasoning-parser and tell the sidecar, which "
+                   "then sends chat to vLLM's chat endpoint (reasoning apart from content)")
     p.add_argument("--max-num-seqs", "--max-running", dest="max_num_seqs", type=int,
                    default=None,
                    help="B: vLLM's batch slots (its --max-num-seqs) and the sidecar's batch size: "
@@ -77,9 +80,11 @@ def register(subparsers: Any) -> None:
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
                    "(default: the policy's sidecar.engineQueue, else B/2, at least 2)")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
-    p.add_argument("--analyzer-port", type=int, default=50051)
-    p.add_argument("--log-dir", type=Path, default=None)
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    p.add_argument("--analyzer-port", type=int, default=50051, help="the analyzer's gRPC port")
+    p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                   help="where the children's logs go (default: a new temporary folder)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="seconds to wait for readiness")
     p.set_defaults(handler=main)
 
 
@@ -184,7 +189,8 @@ def main(args: argparse.Namespace) -> int:
             backend = f"http://127.0.0.1:{args.vllm_port}"
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
-                max_num_seqs=shape.max_num_seqs, extra=vl.tool_flags(args.tool_call_parser)),
+                max_num_seqs=shape.max_num_seqs, extra=[*vl.tool_flags(args.tool_call_parser),
+                                                        *vl.reasoning_flags(args.reasoning_parser)]),
                 engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
@@ -204,6 +210,8 @@ def main(args: argparse.Namespace) -> int:
                             extra=["--engine-queue", str(shape.engine_queue)])
         if analyzer:
             cmd += ["--analyzer", analyzer]
+        if args.reasoning_parser:
+            cmd += ["--reasoning-parser", args.reasoning_parser]
         sidecar = stack.start("sidecar", cmd)
         endpoint = f"http://{args.host}:{args.port}"
         _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)

@@ -87,6 +87,11 @@ def tool_flags(parser: str | None = "pythonic") -> list[str]:
 TOOL_FLAGS = tool_flags()
 
 
+def reasoning_flags(parser: str | None) -> list[str]:
+    """vLLM's flag for a reasoning parser (none: no flag)."""
+    return ["--reasoning-parser", parser] if parser else []
+
+
 def vllm_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the tiny model

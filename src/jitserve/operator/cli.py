@@ -6,10 +6,19 @@ import argparse
 import logging
 import os
 
-from jitserve.errors import CLIError
+from pydantic import ValidationError
+
+from jitserve.errors import CLIError, flag_error
 from jitserve.operator.builders import OperatorSettings
 
 FAULT_ENV = "JITSERVE_OPERATOR_FAULT_EXIT_AFTER_WRITES"
+FLAGS = {
+    "sidecar_image": "--sidecar-image", "analyzer_image": "--analyzer-image",
+    "image_pull_policy": "--image-pull-policy", "analyzer_storage": "--analyzer-storage",
+    "analyzer_storage_class": "--analyzer-storage-class",
+    "status_interval_seconds": "--status-interval",
+}
+"""OperatorSettings field -> the flag that sets it (errors name the flag)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,26 +41,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG)")
-    p.add_argument("--sidecar-image", default=env("JITSERVE_SIDECAR_IMAGE", defaults.sidecar_image))
     p.add_argument(
-        "--analyzer-image", default=env("JITSERVE_ANALYZER_IMAGE", defaults.analyzer_image)
+        "--sidecar-image",
+        default=env("JITSERVE_SIDECAR_IMAGE", defaults.sidecar_image),
+        help="the scheduler sidecar's image (env JITSERVE_SIDECAR_IMAGE)",
+    )
+    p.add_argument(
+        "--analyzer-image",
+        default=env("JITSERVE_ANALYZER_IMAGE", defaults.analyzer_image),
+        help="the per-namespace analyzer's image (env JITSERVE_ANALYZER_IMAGE)",
     )
     p.add_argument(
         "--image-pull-policy",
         default=env("JITSERVE_IMAGE_PULL_POLICY", defaults.image_pull_policy),
         choices=["Always", "IfNotPresent", "Never"],
+        help="imagePullPolicy of the pods the operator makes (env JITSERVE_IMAGE_PULL_POLICY)",
     )
     p.add_argument(
-        "--analyzer-storage", default=env("JITSERVE_ANALYZER_STORAGE", defaults.analyzer_storage)
+        "--analyzer-storage",
+        default=env("JITSERVE_ANALYZER_STORAGE", defaults.analyzer_storage),
+        metavar="QUANTITY",
+        help="size of the analyzer's checkpoint volume, e.g. 1Gi (env JITSERVE_ANALYZER_STORAGE)",
     )
     p.add_argument(
-        "--analyzer-storage-class", default=env("JITSERVE_ANALYZER_STORAGE_CLASS") or None
+        "--analyzer-storage-class",
+        default=env("JITSERVE_ANALYZER_STORAGE_CLASS") or None,
+        help="StorageClass of that volume (env JITSERVE_ANALYZER_STORAGE_CLASS; none: the "
+        "cluster's default)",
     )
     p.add_argument(
         "--status-interval",
         type=float,
         default=float(env("JITSERVE_STATUS_INTERVAL", str(defaults.status_interval_seconds))),
-        help="seconds between status refreshes (metrics scrape, drift check)",
+        metavar="SECONDS",
+        help="seconds between status refreshes (metrics scrape, drift check; env "
+        "JITSERVE_STATUS_INTERVAL)",
     )
     p.add_argument(
         "--monitoring-namespace",
@@ -89,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     hook.add_argument(
         "--webhook-key", default=env("JITSERVE_WEBHOOK_KEY"), help="TLS private key (PEM)"
     )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
     p.set_defaults(handler=run)
 
 
@@ -124,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
             monitoring_namespace=args.monitoring_namespace,
             operator_namespace=os.environ.get("POD_NAMESPACE") or None,
         )
-    except ValueError as err:
-        raise CLIError(str(err)) from err
+    except ValidationError as err:
+        raise flag_error(err.errors(), FLAGS) from err
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     logging.basicConfig(

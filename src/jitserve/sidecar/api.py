@@ -7,24 +7,25 @@ passed through) and the request's SLO. The SLO comes from, in this order:
 1. the body's ``slo`` object (``kind``, ``ttft_ms``, ``tbt_ms``/``tpot_ms``,
    ``deadline_s``/``deadline_ms``, ``class``, compound ``program_id``/``stage``/
    ``parent_ids``/``stages``);
-2. the headers gateways use: llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``
-   (their older names ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` / ``x-slo-tbt-ms`` as aliases),
-   ``x-slo-deadline-ms``, ``x-slo-class``, and the Gateway API Inference Extension's
-   ``x-gateway-inference-objective`` (an SLO class of that name in the policy);
+2. the headers gateways use (:mod:`~jitserve.sidecar.headers`, current names first, the
+   deprecated ones as aliases): llm-d's ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``,
+   jitserve's ``x-llm-d-slo-deadline-ms`` / ``x-llm-d-slo-class``, and llm-d's
+   ``x-llm-d-inference-objective`` (an SLO class of that name in the policy);
 3. the named class's values, then the policy's per-kind defaults (``sloDefaults``).
 
 A request with no SLO at all is best effort (the policy's default deadline). Every
 invalid value raises :class:`~jitserve.sidecar.errors.APIError` (400) naming the field
-with the path the client used (``slo.ttft_ms``, ``x-slo-ttft-ms``, ``max_tokens``...).
+with the path the client used (``slo.ttft_ms``, ``x-llm-d-slo-ttft-ms``, ``max_tokens``...).
 The policy's ``limits`` bound what a client may ask, body and headers alike: every SLO
 value (``maxSloSeconds``), a program's ``stages`` (``maxStages``) and its deadline,
 given or derived from its stages (``maxProgramSeconds``).
 
-Body fields (:mod:`~jitserve.sidecar.fields`): the ones named here, the sampling
-parameters sent with the token-id path, and the fields only vLLM's own endpoints honour
-(structured outputs, tools, logprobs, ``n``...): a request using one of those is
-*forwarded* as the client sent it to vLLM's own endpoint (:attr:`ParsedRequest.forward`).
-Any other field is refused with a 400 naming it: none is dropped silently.
+Body fields (:mod:`~jitserve.sidecar.fields`): the ones named here and the sampling
+parameters go the token-id path; a request with any other field (structured outputs,
+tools, logprobs, ``n``, ``kv_transfer_params``, ``cache_salt``..., one jitserve does not
+know, or a chat content part other than text) is *forwarded* as the client sent it to
+vLLM's own endpoint (:attr:`ParsedRequest.forward`), which honours or ignores it as it
+would without jitserve. ``priority`` and ``request_id`` are refused (jitserve sets them).
 """
 
 from __future__ import annotations
@@ -38,21 +39,20 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jitserve.policy import LimitsSettings, SLODefaults
+from jitserve.sidecar import headers as hdr
 from jitserve.sidecar.errors import APIError, bad_request
-from jitserve.sidecar.fields import PASSTHROUGH, check_fields, choices, forward_body
+from jitserve.sidecar.fields import (
+    PASSTHROUGH,
+    check_fields,
+    choices,
+    forward_body,
+    has_media,
+)
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOError, SLOKind
 
 Endpoint = Literal["chat", "completions"]
 _TYPE_TAG = re.compile(r"(str|int|float|bool|none|(list|dict|tuple)\[.*\]|function-.*)")
 
-HEADER_TTFT = "x-llm-d-slo-ttft-ms"
-HEADER_TPOT = "x-llm-d-slo-tpot-ms"
-OLD_TTFT = "x-slo-ttft-ms"
-OLD_TPOT = "x-slo-tpot-ms"
-HEADER_TBT = "x-slo-tbt-ms"
-HEADER_DEADLINE = "x-slo-deadline-ms"
-HEADER_CLASS = "x-slo-class"
-HEADER_OBJECTIVE = "x-gateway-inference-objective"
 
 
 class SLOBody(BaseModel):
@@ -159,17 +159,20 @@ def _validation_error(err: ValidationError) -> APIError:
     return bad_request(path, first["msg"])
 
 
-def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
-    raw = headers.get(name)
-    if raw is None:
-        return None
+def _header_ms(headers: Mapping[str, str], key: str) -> tuple[float | None, str, float]:
+    """(value in ms or None, the header name sent, scale to seconds) of ``key`` or an
+    alias."""
+    found = hdr.lookup(headers, key)
+    if found is None:
+        return None, key, 1e-3
+    name, raw = found
     try:
         value = float(raw)
     except ValueError:
         raise bad_request(name, f"must be a number of milliseconds, got {raw[:40]!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise bad_request(name, f"must be a positive number of milliseconds, got {raw[:40]!r}")
-    return value
+    return value, name, 1e-3
 
 
 @dataclass(slots=True)
@@ -194,6 +197,17 @@ def _check_limit(value: _Value | None, limit: float, setting: str) -> None:
                           "policy)")
 
 
+def _class_of(body: SLOBody, headers: Mapping[str, str]) -> tuple[str | None, str]:
+    """The SLO class asked for and where: ``slo.class``, the class header, the objective."""
+    if body.class_name:
+        return body.class_name, "slo.class"
+    for name in (*hdr.names(hdr.SLO_CLASS), *hdr.names(hdr.OBJECTIVE)):
+        value = headers.get(name)
+        if value:
+            return value, name
+    return None, "slo.class"
+
+
 def resolve_slo(
     body: SLOBody | None,
     headers: Mapping[str, str],
@@ -206,16 +220,12 @@ def resolve_slo(
     else the policy's ``sloDefaults.defaultClass``; none: best effort)."""
     lim = limits or LimitsSettings()
     b = body or SLOBody.model_validate({})
-    ttft = _first((b.ttft_ms, "slo.ttft_ms", 1e-3),
-                  (_header_ms(headers, HEADER_TTFT), HEADER_TTFT, 1e-3),
-                  (_header_ms(headers, OLD_TTFT), OLD_TTFT, 1e-3))
+    ttft = _first((b.ttft_ms, "slo.ttft_ms", 1e-3), _header_ms(headers, hdr.SLO_TTFT))
     tbt = _first((b.tbt_ms, "slo.tbt_ms", 1e-3), (b.tpot_ms, "slo.tpot_ms", 1e-3),
-                 (_header_ms(headers, HEADER_TPOT), HEADER_TPOT, 1e-3),
-                 (_header_ms(headers, OLD_TPOT), OLD_TPOT, 1e-3),
-                 (_header_ms(headers, HEADER_TBT), HEADER_TBT, 1e-3))
+                 _header_ms(headers, hdr.SLO_TPOT))
     deadline = _first((b.deadline_s, "slo.deadline_s", 1.0),
                       (b.deadline_ms, "slo.deadline_ms", 1e-3),
-                      (_header_ms(headers, HEADER_DEADLINE), HEADER_DEADLINE, 1e-3))
+                      _header_ms(headers, hdr.SLO_DEADLINE))
     for value in (ttft, tbt, deadline):
         _check_limit(value, lim.max_slo_seconds, "maxSloSeconds")
     if b.stages is not None and b.stages > lim.max_stages:
@@ -224,12 +234,10 @@ def resolve_slo(
     if b.stage is not None and b.stage >= lim.max_stages:
         raise bad_request("slo.stage", f"must be below {lim.max_stages} (limits.maxStages "
                           "of the policy)")
-    class_name = b.class_name or headers.get(HEADER_CLASS) or headers.get(HEADER_OBJECTIVE)
+    class_name, class_param = _class_of(b, headers)
     no_slo_fields = body is None and ttft is None and tbt is None and deadline is None
     if class_name is None and no_slo_fields:
         class_name = defaults.unspecified_class(tenant_class)
-    class_param = ("slo.class" if b.class_name else HEADER_CLASS if headers.get(HEADER_CLASS)
-                   else HEADER_OBJECTIVE)
 
     base: SLO | None = None
     if class_name is not None:
@@ -296,8 +304,11 @@ def parse_request(
     defaults: SLODefaults,
     tenant_class: str | None = None,
     limits: LimitsSettings | None = None,
+    forward_chat: bool = False,
 ) -> ParsedRequest:
-    """Validate a decoded JSON body; raises APIError(400) naming the field."""
+    """Validate a decoded JSON body; raises APIError(400) naming the field.
+    ``forward_chat``: every chat request goes to vLLM's own endpoint (vLLM runs a
+    reasoning parser, which only its chat endpoint applies)."""
     if not isinstance(raw, dict):
         raise bad_request("body", "must be a JSON object")
     try:
@@ -316,6 +327,7 @@ def parse_request(
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody):
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        forwarded = forwarded or forward_chat or has_media(messages)
         if body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
     else:

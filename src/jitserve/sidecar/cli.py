@@ -19,7 +19,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jitserve.errors import CLIError
+from jitserve.errors import CLIError, flag_error
+
+FLAGS = {
+    "backend_url": "--backend", "host": "--host", "port": "--port", "config_path": "--config",
+    "policy_name": "--policy-name", "reasoning_parser": "--reasoning-parser",
+    "max_running": "--max-running",
+    "engine_queue": "--engine-queue", "max_body_bytes": "--max-body-bytes",
+    "default_max_tokens": "--default-max-tokens", "reload_interval_s": "--reload-interval",
+    "api_keys": "--api-key", "api_keys_file": "--api-keys-file", "keys_dir": "--keys-dir",
+    "analyzer": "--analyzer", "admin_port": "--admin-port", "admin_keys": "--admin-key",
+    "stall_timeout_s": "--stall-timeout", "header_timeout_s": "--header-timeout",
+    "body_timeout_s": "--body-timeout", "max_json_depth": "--max-json-depth",
+    "max_buffered_tokens": "--max-buffered-tokens",
+}
+"""SidecarSettings field -> the flag that sets it (errors name the flag)."""
 
 
 def _cli_error(message: str) -> Exception:
@@ -37,49 +51,64 @@ def serve_command(backend_url: str, port: int, config: Path | str, max_running: 
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="http://127.0.0.1:8000", help="vLLM OpenAI server URL")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--config", type=Path, help="SLOPolicy spec file, hot-reloaded")
-    p.add_argument("--max-running", type=int, default=16,
-                   help="B: vLLM's batch slots; must equal vLLM's --max-num-seqs (jitserve up "
-                   "and the operator set both from one setting)")
-    p.add_argument("--engine-queue", type=int, default=None,
+    p.add_argument("--backend", default="http://127.0.0.1:8000", metavar="URL",
+                   help="vLLM OpenAI server URL")
+    p.add_argument("--host", default="0.0.0.0", help="address the API binds")
+    p.add_argument("--port", type=int, default=8080, help="the API's TCP port (0: any free)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="SLOPolicy spec file, hot-reloaded (none: the policy's defaults)")
+    p.add_argument("--policy-name", default="", metavar="NAME",
+                   help="the SLOPolicy this sidecar serves: the policy label of "
+                   "jitserve_build_info")
+    p.add_argument("--max-running", type=int, default=16, metavar="B",
+                   help="B, vLLM's batch slots (requests); must equal vLLM's --max-num-seqs "
+                   "(jitserve up and the operator set both from one setting)")
+    p.add_argument("--engine-queue", type=int, default=None, metavar="N",
                    help="requests kept queued inside vLLM beyond its B slots, in the policy's "
                    "order, so a freed slot never waits for the sidecar (default: B/2, >= 2)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    p.add_argument("--default-max-tokens", type=int, default=None,
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="the --reasoning-parser vLLM runs with: chat requests then go to "
+                   "vLLM's chat endpoint, which returns the reasoning apart from the content "
+                   "(they are scheduled but not preempted)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
+                   help="largest request body (413 beyond)")
+    p.add_argument("--default-max-tokens", type=int, default=None, metavar="TOKENS",
                    help="max_tokens of a request that gives none (default: as vLLM, the rest "
                    "of the context)")
-    p.add_argument("--reload-interval", type=float, default=1.0, help="seconds between file checks")
+    p.add_argument("--reload-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between checks of the policy file and the keys")
     p.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
                    help="an API key of a tenant (repeatable); keys on = x-tenant is not trusted")
-    p.add_argument("--api-keys-file", type=Path, help="YAML/JSON {tenant: key or [keys]}")
-    p.add_argument("--keys-dir", type=Path,
+    p.add_argument("--api-keys-file", type=Path, metavar="FILE",
+                   help="YAML/JSON {tenant: key or [keys]}")
+    p.add_argument("--keys-dir", type=Path, metavar="DIR",
                    help="mounted Secrets: KEYS_DIR/<apiKeySecret>/api-key per policy tenant")
-    p.add_argument("--analyzer", help="analyzer gRPC address host:port (length bounds)")
-    p.add_argument("--admin-port", type=int,
+    p.add_argument("--analyzer", metavar="HOST:PORT",
+                   help="analyzer gRPC address (length bounds; none: the local estimator)")
+    p.add_argument("--admin-port", type=int, metavar="PORT",
                    help="serve /metrics and /debug/scheduler on this port only (keep it out of "
                    "the Service and the Ingress)")
     p.add_argument("--admin-key", action="append", default=[], metavar="KEY",
                    help="with keys on and no --admin-port: the key /metrics and "
                    "/debug/scheduler need on the API port (repeatable)")
-    p.add_argument("--drain-seconds", type=float, default=20.0,
+    p.add_argument("--drain-seconds", type=float, default=20.0, metavar="SECONDS",
                    help="on SIGTERM: refuse new requests, let queued and running ones finish, "
                    "end the rest with an error event and exit, all within this long")
-    p.add_argument("--stall-timeout", type=float, default=30.0,
+    p.add_argument("--stall-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="seconds a running vLLM stream may stay silent before its request "
                    "fails (0: never)")
-    p.add_argument("--header-timeout", type=float, default=10.0,
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="seconds a connection has to send a request's headers (also the idle "
                    "keep-alive timeout)")
-    p.add_argument("--body-timeout", type=float, default=30.0,
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="seconds a request body has to arrive, and a streaming client to take "
                    "each piece")
-    p.add_argument("--max-json-depth", type=int, default=32)
-    p.add_argument("--max-buffered-tokens", type=int, default=4096,
+    p.add_argument("--max-json-depth", type=int, default=32, metavar="LEVELS",
+                   help="deepest nesting of a request body's arrays and objects (400 beyond)")
+    p.add_argument("--max-buffered-tokens", type=int, default=4096, metavar="TOKENS",
                    help="tokens a stream may hold for a slow reader before it is aborted")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -101,12 +130,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             default_max_tokens=args.default_max_tokens, reload_interval_s=args.reload_interval,
             api_keys=keys, api_keys_file=args.api_keys_file, keys_dir=args.keys_dir,
             analyzer=args.analyzer, admin_port=args.admin_port, admin_keys=args.admin_key,
-            stall_timeout_s=args.stall_timeout, header_timeout_s=args.header_timeout,
+            policy_name=args.policy_name, reasoning_parser=args.reasoning_parser,
+            stall_timeout_s=args.stall_timeout,
+            header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, max_json_depth=args.max_json_depth,
             max_buffered_tokens=args.max_buffered_tokens)
     except ValidationError as err:
-        first = err.errors()[0]
-        raise _cli_error(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from err
+        raise flag_error(err.errors(), FLAGS) from err
 
 
 def _run(coro: Any) -> None:

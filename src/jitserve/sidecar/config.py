@@ -68,6 +68,14 @@ class SidecarSettings(BaseModel):
         default=None, ge=0, le=65535,
         description="Serve /metrics and /debug/scheduler (and the probes) on this port only, "
         "without a key; the API port then answers 404 for them.")
+    reasoning_parser: str | None = Field(
+        default=None, max_length=64,
+        description="The --reasoning-parser vLLM runs with: chat requests then go to vLLM's "
+        "chat endpoint, which splits the reasoning from the content (not preemptible).")
+    policy_name: str = Field(
+        default="", max_length=253,
+        description="The SLOPolicy this sidecar serves: the policy label of "
+        "jitserve_build_info.")
     admin_keys: list[str] = Field(
         default_factory=list,
         description="Keys for /metrics and /debug/scheduler on the API port when tenant keys "

@@ -347,6 +347,7 @@ class Dispatcher:
     def _close(self, job: Job, outcome: str) -> None:
         job.done = True
         job.outcome = outcome
+        self.report.ended(job.live)
         self.jobs.pop(job.live, None)
         self._gauges()
         self._wake.set()

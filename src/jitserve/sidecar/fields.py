@@ -2,11 +2,19 @@
 
 - :data:`PASSTHROUGH`: sampling parameters sent with the token-id path;
 - :data:`FORWARDED`: fields only vLLM's own endpoints honour (structured outputs, tools,
-  logprobs, ``n``, chat template options...): a request using one at a value other than
-  its neutral one is forwarded as sent (:func:`forward_body`);
+  logprobs, ``n``, chat template options, ``kv_transfer_params``, ``cache_salt``...): a
+  request using one at a value other than its neutral one is forwarded as sent
+  (:func:`forward_body`);
 - accepted metadata (``user``...), and fields jitserve sets itself (``priority``,
   ``request_id``: refused, they would be silently replaced);
-- anything else: refused with a 400 naming it (:func:`check_fields`).
+- anything else is forwarded too, as vLLM would get it without jitserve: vLLM's request
+  models take unknown fields (``extra="allow"``) and ignore them with a debug log, and a
+  field of a newer vLLM than this list knows reaches it unchanged instead of being dropped
+  on the token path.
+
+Chat messages whose content has parts other than text (``image_url``, ``input_audio``,
+``video_url``, ``file``...) are forwarded as well (:func:`has_media`): vLLM's chat
+endpoint loads and places the media, the token path would tokenize the text alone.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ FORWARDED: dict[str, tuple[object, ...]] = {
     "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
     "add_special_tokens": (None,), "use_beam_search": (None, False),
     "length_penalty": (None,), "mm_processor_kwargs": (None,), "vllm_xargs": (None,),
+    # vLLM's own request fields: disaggregated prefill/decode (what llm-d and Dynamo send),
+    # prefix-cache isolation, structural tags, token-id output, embeddings as input...
+    "kv_transfer_params": (None,), "cache_salt": (None,), "structural_tag": (None,),
+    "return_tokens_as_token_ids": (None, False), "prompt_embeds": (None,),
+    "media_io_kwargs": (None,), "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
 }
 # Accepted and not sent to vLLM: request metadata with no effect on the output.
 _IGNORED = ("user", "metadata", "store", "service_tier")
@@ -54,18 +68,25 @@ _BODY_FIELDS = frozenset({
 
 
 def check_fields(raw: dict[str, Any]) -> bool:
-    """Refuse unknown fields and the ones jitserve sets (400 naming them); True when the
-    request uses a field only vLLM's own endpoint honours (it is then forwarded)."""
-    unknown = sorted(k for k in raw if k not in _BODY_FIELDS and k not in _OWNED)
-    if unknown:
-        names = ", ".join(str(k)[:64] for k in unknown[:10])
-        raise bad_request(str(unknown[0])[:64], f"unknown field(s) {names}: not an OpenAI or "
-                          "vLLM request field jitserve forwards", code="unknown_field")
+    """Refuse the fields jitserve sets (400 naming them); True when the request uses a
+    field the token path does not take (it is then forwarded to vLLM's own endpoint)."""
     for name, why in _OWNED.items():
         if raw.get(name) is not None:
             raise bad_request(name, why, code="unsupported")
+    if any(k not in _BODY_FIELDS and k not in _OWNED and raw[k] is not None for k in raw):
+        return True
     return any(name in raw and _neutral(raw[name], neutral) is False
                for name, neutral in FORWARDED.items())
+
+
+def has_media(messages: list[dict[str, Any]]) -> bool:
+    """A chat message with a content part other than text (an image, audio, a file...)."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(
+                not isinstance(part, dict) or part.get("type") != "text" for part in content):
+            return True
+    return False
 
 
 def _neutral(value: object, neutral: tuple[object, ...]) -> bool:

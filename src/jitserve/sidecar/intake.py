@@ -4,10 +4,10 @@ Everything here runs before a request touches the queue, and turns hostile or br
 input into an OpenAI-shaped 4xx/503 (:class:`~jitserve.sidecar.errors.APIError`), never
 a 500 or a hang:
 
-- :func:`tenant_of`: the tenant from the API key (keys on) or ``x-tenant`` / the Gateway
-  API Inference Extension's ``x-gateway-inference-fairness-id`` (keys off; with keys on
-  they must name the key's tenant, else 403); keys configured but none loaded refuses
-  everyone (503 ``auth_unavailable``);
+- :func:`tenant_of`: the tenant from the API key (keys on) or ``x-tenant`` / llm-d's
+  ``x-llm-d-inference-fairness-id`` (its deprecated ``x-gateway-inference-fairness-id``
+  as an alias; keys off; with keys on they must name the key's tenant, else 403); keys
+  configured but none loaded refuses everyone (503 ``auth_unavailable``);
 - :func:`check_admin`: who may read ``/metrics`` and ``/debug/scheduler`` on the API port;
 - :func:`read_json`: the body within ``max_body_bytes`` (413) and ``body_timeout_s``
   (408: a ``Content-Length`` larger than what is sent), valid JSON (400), nested at most
@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from jitserve.sidecar import headers as hdr
 from jitserve.sidecar.config import SidecarSettings, TenantKeys
 from jitserve.sidecar.errors import APIError, auth_unavailable, bad_request, request_timeout
 
@@ -37,12 +39,15 @@ def bearer_key(request: web.Request) -> str:
     return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
 
 
-FAIRNESS_ID = "x-gateway-inference-fairness-id"
+def claimed_tenant(headers: Mapping[str, str]) -> tuple[str, str | None]:
+    """(the header read, the tenant it names or None): ``x-tenant``, else the fairness id
+    or its alias."""
+    found = hdr.lookup(headers, hdr.TENANT) or hdr.lookup(headers, hdr.FAIRNESS_ID)
+    return found if found is not None else (hdr.FAIRNESS_ID, None)
 
 
 def tenant_of(request: web.Request, keys: TenantKeys) -> str:
-    header = "x-tenant" if "x-tenant" in request.headers else FAIRNESS_ID
-    claimed = request.headers.get(header)
+    header, claimed = claimed_tenant(request.headers)
     if keys.enabled:
         reason = keys.unavailable
         if reason is not None:

@@ -15,6 +15,13 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
 - ``jitserve_scheduler_frame_seconds`` (policy time per frame), ``jitserve_frames_total``
 - ``jitserve_analyzer_fallbacks_total``, ``jitserve_backend_up``,
   ``jitserve_config_reloads_total{result}``, ``jitserve_rejections_total{reason}``
+- ``jitserve_passthrough_requests_total{tenant,route,code}``: vLLM's other routes
+- ``jitserve_prompt_tokens_total{tenant,model_name}``,
+  ``jitserve_generation_tokens_total{tenant,model_name}``: tokens of the requests that
+  ended (finished, failed, cancelled or retired), as vLLM's ``vllm:prompt_tokens_total``
+  and ``vllm:generation_tokens_total`` count them, by tenant and served model
+- ``jitserve_build_info{version,policy,scheduler}``: 1; ``policy`` is the SLOPolicy
+  (``--policy-name``), ``scheduler`` the policy file's scheduler in force
 
 The ``tenant`` label is bounded: once the server sets :attr:`SidecarMetrics.known_tenants`
 (the policy's tenants, the owners of API keys and ``default``), any other tenant (an
@@ -28,6 +35,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from jitserve import __version__
 from jitserve.requests import Request
 
 OUTCOMES = ("met", "missed", "retired", "cancelled", "error")
@@ -101,6 +109,21 @@ class SidecarMetrics:
                                       ["result"], registry=r)
         self.rejections = Counter("jitserve_rejections", "Requests refused before queueing.",
                                   ["reason"], registry=r)
+        self.passthrough = TenantFamily(Counter(
+            "jitserve_passthrough_requests", "Requests to vLLM's other routes (responses, "
+            "embeddings, pooling, score, rerank...), passed through unscheduled, by answer.",
+            ["tenant", "route", "code"], registry=r), self)
+
+        self.prompt_tokens = TenantFamily(Counter(
+            "jitserve_prompt_tokens", "Prompt tokens of the requests that ended.",
+            ["tenant", "model_name"], registry=r), self)
+        self.generation_tokens = TenantFamily(Counter(
+            "jitserve_generation_tokens", "Tokens generated for the requests that ended.",
+            ["tenant", "model_name"], registry=r), self)
+        self.build_info = Gauge("jitserve_build_info", "jitserve's version, the SLOPolicy it "
+                                "serves and its scheduler (always 1).",
+                                ["version", "policy", "scheduler"], registry=r)
+        self._build: tuple[str, str, str] | None = None
 
         self._by_kind: dict[tuple[str, str], Any] = {}
 
@@ -111,6 +134,13 @@ class SidecarMetrics:
         if child is None:
             child = self._by_kind[key] = getattr(self, family).labels(kind)
         return child
+
+    def built(self, policy: str, scheduler: str) -> None:
+        """Set ``jitserve_build_info`` (one series: a reload replaces it)."""
+        if self._build is not None:
+            self.build_info.remove(*self._build)
+        self._build = (__version__, policy, scheduler)
+        self.build_info.labels(*self._build).set(1)
 
     def tenant_label(self, tenant: str) -> str:
         """``tenant``, or ``other`` when it is outside the known set."""

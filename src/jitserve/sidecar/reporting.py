@@ -60,6 +60,13 @@ class Reporter:
         if status in ("met", "missed") and outcome.e2el_s is not None:
             self.metrics.e2el.labels(outcome.kind.value).observe(outcome.e2el_s)
 
+    def ended(self, live: LiveRequest) -> None:
+        """A request ended, however: its prompt and generated tokens."""
+        req = live.req
+        self.metrics.prompt_tokens.labels(req.tenant, req.model).inc(req.prompt_tokens)
+        if live.generated:
+            self.metrics.generation_tokens.labels(req.tenant, req.model).inc(live.generated)
+
     def cancelled(self, req: Request) -> None:
         self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class,
                                      "cancelled").inc()

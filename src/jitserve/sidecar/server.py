@@ -9,6 +9,9 @@ Owner: sidecar. Routes:
   own endpoint (:mod:`~jitserve.sidecar.passthrough`); ``X-Request-Id`` is echoed as
   ``x-request-id`` (:mod:`~jitserve.sidecar.request_ids`);
 - ``GET /v1/models``: vLLM's model list;
+- vLLM's other routes (``/v1/responses``, ``/v1/embeddings``, ``/pooling``, ``/score``,
+  ``/rerank``, ``/tokenize``...): passed through unscheduled, with the tenant's key and
+  accounting (:mod:`~jitserve.sidecar.vllm_routes`);
 - ``GET /health`` (liveness: the process serves), ``GET /ready`` (readiness: vLLM answers,
   the policy is loaded and, with keys on, keys loaded; 503 with the reason otherwise),
   ``GET /metrics`` (Prometheus), ``GET /debug/scheduler`` (policy figures, recent frames
@@ -47,7 +50,7 @@ from jitserve.sidecar.errors import APIError, backend_down, bad_request
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.prompts import PromptReader, served_model
-from jitserve.sidecar.vllm_routes import add_vllm_routes
+from jitserve.sidecar.vllm_routes import TenantGate, add_vllm_routes
 from jitserve.slo import SLOError
 
 log = logging.getLogger("jitserve.sidecar")
@@ -82,6 +85,7 @@ class SidecarServer:
             min_frame_s=settings.min_frame_s, max_frame_s=settings.max_frame_s,
             health_interval_s=settings.health_interval_s)
         self.dispatcher.apply_spec(self.watcher.spec)
+        self.metrics.built(settings.policy_name, self.spec.scheduler.policy)
         self._update_tenants()
         self.app = web.Application(client_max_size=settings.max_body_bytes,
                                    middlewares=[responses.errors_middleware])
@@ -92,7 +96,9 @@ class SidecarServer:
             web.get("/health", self.health),
             web.get("/ready", self.ready),
         ])
-        add_vllm_routes(self.app, self.backend)  # /tokenize, /detokenize, /version
+        # /v1/responses, /v1/embeddings, /score..., /tokenize: to vLLM, unscheduled
+        add_vllm_routes(self.app, self.backend, TenantGate(self.keys, self.metrics),
+                        read_timeout_s=settings.stall_timeout_s or None)
         self.admin_app: web.Application | None = None
         if settings.admin_port is None:
             self.app.add_routes([web.get("/metrics", self.metrics_handler),
@@ -131,6 +137,7 @@ class SidecarServer:
 
     def _on_spec(self, spec: SLOPolicySpec) -> None:
         self.dispatcher.apply_spec(spec)
+        self.metrics.built(self.settings.policy_name, spec.scheduler.policy)
         self.keys.rebuild(spec)
         self._update_tenants()
 
@@ -295,7 +302,8 @@ class SidecarServer:
         tenant = intake.tenant_of(request, self.keys)
         raw = await intake.read_json(request, self.settings)
         parsed = parse_request(endpoint, raw, request.headers, self.spec.slo_defaults,
-                               self.spec.fairness.default_class_of(tenant), self.spec.limits)
+                               self.spec.fairness.default_class_of(tenant), self.spec.limits,
+                               forward_chat=self.settings.reasoning_parser is not None)
         d = self.dispatcher
         if d.draining:
             raise APIError(503, "the sidecar is shutting down", type_="service_unavailable",
