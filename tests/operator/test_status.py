@@ -79,38 +79,18 @@ def deployment(
     }
 
 
+def _rollout_conditions(deploy: dict[str, object]) -> dict[str, st.Condition]:
+    return _by_type(st.conditions(generation=1, problems=[], errors=[],
+                                  rollout=st.rollout_state(deploy), now="2026-01-01T00:00:00Z"))
+
+
 def test_conditions_progressing_then_ready() -> None:
-    now = "2026-01-01T00:00:00Z"
-    rolling = _by_type(
-        st.conditions(
-            generation=1,
-            problems=[],
-            errors=[],
-            rollout=st.rollout_state(deployment(2, 1)),
-            now=now,
-        )
-    )
+    rolling = _rollout_conditions(deployment(2, 1))
     assert rolling["Ready"].status == "False" and rolling["Progressing"].status == "True"
     assert rolling["Degraded"].status == "False"
-    done = _by_type(
-        st.conditions(
-            generation=1,
-            problems=[],
-            errors=[],
-            rollout=st.rollout_state(deployment(2, 2)),
-            now=now,
-        )
-    )
+    done = _rollout_conditions(deployment(2, 2))
     assert done["Ready"].status == "True" and done["Progressing"].status == "False"
-    stale = _by_type(
-        st.conditions(
-            generation=1,
-            problems=[],
-            errors=[],
-            rollout=st.rollout_state(deployment(2, 2, generation=2, observed=1)),
-            now=now,
-        )
-    )
+    stale = _rollout_conditions(deployment(2, 2, generation=2, observed=1))
     assert stale["Ready"].status == "False"
 
 
