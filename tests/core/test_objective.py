@@ -1,5 +1,4 @@
-"""GMAX's token objective: one value per token across kinds, nothing for a late start
-(issue 16)."""
+"""GMAX's objective: each kind at the metric's value, nothing for a late start (issue 16)."""
 
 from __future__ import annotations
 
@@ -12,16 +11,17 @@ from jitserve.slo import DeadlineSLO, LatencySLO
 from .conftest import live
 
 
-@pytest.mark.parametrize("objective", ["tokens", "requests"])
-def test_latency_and_deadline_work_of_equal_length_are_worth_the_same(objective: str) -> None:
-    spec = load_policy({"objective": objective})
+def test_each_kind_is_worth_what_the_goodput_metric_counts_for_it() -> None:
     deadline = live("d", prompt=2000, output=100, slo=DeadlineSLO(60))
     latency = live("l", prompt=2000, output=100, slo=LatencySLO(2.0, 0.1))
-    scores = score([deadline, latency], 0.0, Speeds(decode_s=0.02, prefill_s=1e-4), spec, {}, set())
-    assert scores.gain[0] == pytest.approx(scores.gain[1])
-    assert scores.priority[0] == pytest.approx(scores.priority[1])
-    if objective == "tokens":
-        assert scores.gain[1] == pytest.approx(2100)  # its prompt counts too
+    speeds = Speeds(decode_s=0.02, prefill_s=1e-4)
+    tokens = score([deadline, latency], 0.0, speeds, load_policy({}), {}, set())
+    assert tokens.gain[0] == pytest.approx(2100)  # prompt + output, on time
+    assert tokens.gain[1] == pytest.approx(100)  # its on-time output tokens
+    requests = score(
+        [deadline, latency], 0.0, speeds, load_policy({"objective": "requests"}), {}, set()
+    )
+    assert requests.gain[0] == pytest.approx(requests.gain[1]) == pytest.approx(1.0)
 
 
 def test_a_latency_request_whose_first_token_would_be_late_earns_nothing() -> None:

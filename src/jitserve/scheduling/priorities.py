@@ -10,9 +10,9 @@ For every live request r (vectorised over all of them, O(N)):
   can still be on time instead;
 - ``gain`` = what completing r is worth under the objective, discounted softly when r is
   projected late: ``gain * min(1, t_rem / t_gen) ** penalty``; with ``objective:
-  tokens`` every kind is worth its prompt + output tokens (one value per token: a
-  latency request by the share of its output on time), and a latency request whose
-  first token would be late is worth nothing (docs/scheduling.md "The objective");
+  tokens`` each kind is worth the tokens the goodput metric counts for it (one value
+  per goodput token), and a latency request whose first token would be late is worth
+  nothing (docs/scheduling.md "The objective");
 - ``priority = gain / cost`` (cost: the engine time r will take, see below) plus
   ``delta`` x median priority per frame waited (aging); members of one compound stage
   share one priority;
@@ -219,8 +219,8 @@ def score(
             # a late first token earns nothing: the client has judged the stream slow
             # (TTFT), whatever later tokens could still catch up
             late_start = (generated[lat] == 0) & (start + v > due0[lat] + 1e-9)
-            if tokens_objective:  # all its tokens, by the share of them on time
-                gain[lat] = value[lat] * ontime / typical[lat] * ~late_start
+            if tokens_objective:  # its on-time output tokens: what the metric counts
+                gain[lat] = ontime * ~late_start
             else:
                 gain[lat] = (ontime >= typical[lat]) & ~late_start
         return gain
