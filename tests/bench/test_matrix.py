@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from jitserve.bench import matrix, report
 from jitserve.cli import main
 from jitserve.policy import SLOPolicySpec
-from jitserve.sim.workload import WorkloadSpec, generate, parse_tenant_mix
+from jitserve.sim.workload import WorkloadSpec, generate, parse_tenant_mix, window_offset
 
 
 def test_tenant_mix_skews_demand() -> None:
@@ -107,31 +108,50 @@ def test_bench_rejects_bad_engine_limits(
 def test_matrix_writes_table_json_and_heatmap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(matrix, "LOADS", (1.0,))
-    monkeypatch.setattr(matrix, "DURATION_S", 20.0)
-    monkeypatch.setattr(matrix, "SEEDS", (1,))
     monkeypatch.setattr(
         matrix,
         "scenarios",
-        lambda: [
+        lambda split: [
             matrix.Scenario("azure-conv", "1:1:1", 2048),
             matrix.Scenario("azure-conv", "1:1:1", 512, "a=3,b=1,c=1"),
         ],
     )
-    monkeypatch.setattr(matrix, "matrix_policies", lambda: ["gmax", "edf", "upper-bound"])
-    assert matrix.main(SLOPolicySpec(), tmp_path, 1, "a100-llama3-8b") == 0
+    monkeypatch.setattr(
+        matrix, "matrix_policies", lambda bound=True: ["gmax", "edf-ac", "upper-bound"]
+    )
+    size = matrix.MatrixSize(duration_s=20.0, loads=(1.0,), seeds=(1,))
+    assert matrix.main(SLOPolicySpec(), tmp_path, 1, "a100-llama3-8b", size) == 0
     document = json.loads((tmp_path / "matrix.json").read_text())
-    assert {r["scenario"] for r in document["ratios"]} == {
-        "azure-conv 1:1:1 B2048",
-        "azure-conv 1:1:1 B512 tenants a=3,b=1,c=1",
-    }
-    assert all(r["token_goodput_vs_bound"] <= 1.0 for r in document["ratios"])
+    for objective in ("tokens", "requests"):
+        assert {r["scenario"] for r in document["ratios"][objective]} == {
+            "azure-conv 1:1:1 B2048",
+            "azure-conv 1:1:1 B512 tenants a=3,b=1,c=1",
+        }
+    assert {r["objective"] for r in document["runs"]} == {"tokens", "requests"}
+    assert all(r["token_goodput_vs_bound"] <= 1.0 for r in document["ratios"]["tokens"])
+    gaps = document["attainment_vs_edf_ac"]
+    kinds = {"latency", "deadline", "compound"}
+    assert len(gaps) == 2 and all(set(g["gaps"]) <= kinds for g in gaps)
+    assert document["acceptance"]["overload_cells"] == 2
     shares = document["tenant_shares"]
     assert {s["tenant"] for s in shares} == {"a", "b", "c"}
-    assert {s["policy"] for s in shares} <= {"gmax", "edf"} and "gmax" in {
+    assert {s["policy"] for s in shares} <= {"gmax", "edf-ac"} and "gmax" in {
         s["policy"] for s in shares
     }
     assert all(s["entitlement"] == pytest.approx(1 / 3) for s in shares)
     text = (tmp_path / "matrix.md").read_text()
-    assert "GMAX / best baseline" in text and "goodput share" in text
+    assert "GMAX / best -ac" in text and "goodput share" in text and "worst kind" in text
     assert (tmp_path / "matrix_heatmap.png").stat().st_size > 1000
+
+
+def test_matrix_splits_keep_validation_apart_and_sample_three_windows() -> None:
+    report_size, validation = matrix.MatrixSize(), matrix.MatrixSize(split="validation")
+    assert len(report_size.windows) >= 3 and len(validation.windows) >= 3
+    assert not set(report_size.windows) & set(validation.windows)
+    spec = SLOPolicySpec()
+    offsets = {
+        window_offset(replace(matrix.scenarios()[0].workload(spec), seed=seed))
+        for seed in report_size.windows
+    }
+    assert len(offsets) == len(report_size.windows)
+    assert matrix.scenarios("validation") and matrix.scenarios("report")

@@ -11,7 +11,7 @@ from jitserve.scheduling.baselines import EDF
 from jitserve.scheduling.gmax import GMAX
 from jitserve.scheduling.overload import with_overload_control
 from jitserve.scheduling.registry import BASELINES, make_policy, scheduler_names
-from jitserve.slo import DeadlineSLO, LatencySLO
+from jitserve.slo import DeadlineSLO
 from tests.support.requests import live
 
 
@@ -67,29 +67,6 @@ def test_unreachable_work_is_retired_before_the_policy_plans() -> None:
     assert reasons == {"doomed": "unreachable", "running-doomed": "unreachable"}
     assert spy.seen == [{"fine"}]  # the policy never planned with lost work
     assert layer.pop_next(10.0) is fine
-
-
-def test_latency_requests_are_never_unreachable_as_a_whole() -> None:
-    layer = with_overload_control(Spy(), SLOPolicySpec())
-    late = live("late-latency", arrival=0.0, prompt=50000, slo=LatencySLO(0.5, 0.1))
-    layer.enqueue(late, 0.0)
-    assert layer.frame(view([], now=1.0)).retire == []
-
-
-def test_with_whole_requests_a_latency_request_past_its_ttft_is_unreachable() -> None:
-    layer = with_overload_control(Spy(), load_policy({"objective": "requests"}))
-    late = live("late", arrival=0.0, slo=LatencySLO(0.5, 0.1))  # TTFT due at 0.5 s
-    on_time = live("on-time", arrival=0.8, slo=LatencySLO(0.5, 0.1))  # due at 1.3 s
-    # due at 1.1 s: kept until then, whatever its prefill (5 s at 1e-4 s a token) forecasts
-    big = live("big-prompt", arrival=0.6, prompt=50000, slo=LatencySLO(0.5, 0.1))
-    started = live("started", arrival=0.0, slo=LatencySLO(0.5, 0.1), running=True)
-    started.first_token_s = 0.9  # late, but its stream has begun: never cut
-    for r in (late, on_time, big):
-        layer.enqueue(r, r.req.arrival_s)
-    plan = layer.frame(view([started], now=1.0))
-    assert [(x.request.req.request_id, x.reason.value) for x in plan.retire] == [
-        ("late", "unreachable")
-    ]
 
 
 def test_overdue_requests_are_retired_unless_planned_or_started() -> None:

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.runner import (
@@ -29,6 +29,9 @@ from jitserve.errors import CLIError
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
 from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, parse_mix, parse_tenant_mix
+
+if TYPE_CHECKING:
+    from jitserve.bench.matrix import MatrixSize
 
 WORKLOAD_MIXES = {
     "mixed": None,
@@ -113,6 +116,19 @@ def register(subparsers: Any) -> None:
         "docs/benchmarks.md) and write matrix.md, matrix.json and a heatmap to --out",
     )
     parser.add_argument(
+        "--split",
+        choices=("report", "validation"),
+        default="report",
+        help="with --matrix: the reported scenarios and windows, or the validation split "
+        "(the cells and windows settings are tuned on)",
+    )
+    parser.add_argument(
+        "--matrix-size",
+        metavar="DURATION:LOADS[:nobound]",
+        help="with --matrix: seconds per run and loads, e.g. 120:1.0,1.5,2.0:nobound "
+        "(default 240 s at 0.6,1.0,1.5,2.0 with the upper bound)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -185,6 +201,23 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
+def _matrix_size(args: argparse.Namespace) -> MatrixSize:
+    from jitserve.bench import matrix
+
+    if not args.matrix_size:
+        return matrix.MatrixSize(split=args.split)
+    duration, _, rest = args.matrix_size.partition(":")
+    loads, _, flag = rest.partition(":")
+    if flag not in ("", "nobound"):
+        raise CLIError(f"--matrix-size: the third part can only be 'nobound', got {flag!r}")
+    return matrix.MatrixSize(
+        split=args.split,
+        duration_s=_floats(duration, "matrix-size")[0],
+        loads=tuple(_floats(loads, "matrix-size")) if loads else matrix.LOADS,
+        bound=flag != "nobound",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     from jitserve.bench import matrix, micro
 
@@ -198,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
     except PolicyError as err:
         raise CLIError(str(err)) from err
     if args.matrix:
-        return matrix.main(spec, Path(args.out), args.jobs, args.profile)
+        return matrix.main(spec, Path(args.out), args.jobs, args.profile, _matrix_size(args))
     policies = [p.strip() for p in (args.policies or ",".join(default_policies())).split(",")]
     policies = [p for p in policies if p]
     overrides = _profile_overrides(args)

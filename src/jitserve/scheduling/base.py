@@ -239,7 +239,7 @@ class KeyedPolicy(QueuedPolicy):
 
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         self._now_s = now_s
-        self.queue.push(r, self.rank(r, now_s))
+        self.queue.push(r, self.rank(r, now_s), now_s)
 
     def priority_of(self, r: LiveRequest) -> float:
         return -self.rank(r, self._now_s)

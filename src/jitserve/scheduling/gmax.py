@@ -165,7 +165,7 @@ class GMAX(QueuedPolicy):
         self._running.discard(r)  # preempted requests come back here
         queue = self.queue
         fresh = r not in queue  # else: its bounds were refined while it waited
-        queue.push(r, 0.0)
+        queue.push(r, 0.0, now_s)
         row = queue.row_of(r)
         assert row is not None
         if fresh:

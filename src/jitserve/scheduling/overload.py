@@ -5,12 +5,15 @@ At every frame, a policy's :class:`OverloadStage` runs the policy's plan between
 rules (a stage the policy holds, not a wrapper around it: :func:`with_overload_control`):
 
 1. **unreachable**: a request (waiting or running) whose deadline cannot be met even if
-   it ran alone at full speed from now is given up *before* the policy plans the frame,
-   so it takes no place in the policy's decisions (no EDF domino); with ``objective:
-   requests`` also a latency request whose TTFT passed without a first token (its
-   tokens count only all together);
-2. **max waiting**: a request that never started and waited longer than
-   ``admission.maxWaitingSeconds`` is given up, unless the policy plans to start it soon
+   it ran alone at *unloaded* speed from now is given up *before* the policy plans the
+   frame, so it takes no place in the policy's decisions (no EDF domino); latency
+   requests included: one whose first token cannot be on time (a started stream is
+   never cut). Unloaded speed is the fastest the engine has been measured at (the
+   simulator's meter starts at the profile's unloaded speeds): judged at the loaded
+   speed, a request looks lost because of the very queue that overload control drains;
+2. **max waiting**: a request that waited in the queue longer than
+   ``admission.maxWaitingSeconds`` (since it arrived, or since it was preempted: the
+   table's ``queued`` column) is given up, unless the policy plans to start it soon
    (:meth:`~jitserve.scheduling.base.Policy.planned`, asked *after* the policy planned
    the frame).
 
@@ -24,12 +27,13 @@ so "the same overload control" holds by construction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
 
-from jitserve.policy import Objective, OverloadAction, SLOPolicySpec
+from jitserve.policy import OverloadAction, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import (
     EngineView,
@@ -54,13 +58,14 @@ class OverloadStage:
     def __init__(self, spec: SLOPolicySpec, follow_spec: bool = False) -> None:
         self.follow_spec = follow_spec
         self._demoted: set[LiveRequest] = set()
+        self._fastest = (math.inf, math.inf)
+        """(prefill s per token, decode step s): the fastest measured, i.e. unloaded."""
         self.configure(spec)
 
     def configure(self, spec: SLOPolicySpec) -> None:
         self.enabled = spec.scheduler.mechanisms.overload_control or not self.follow_spec
         self.max_waiting_s = spec.admission.max_waiting_seconds
         self.demote_instead = spec.admission.overload_action is OverloadAction.DEMOTE
-        self.whole_requests = spec.objective is Objective.REQUESTS
 
     def forget(self, r: LiveRequest) -> None:
         self._demoted.discard(r)
@@ -71,18 +76,15 @@ class OverloadStage:
         if not self.enabled:
             return policy.plan(view)
         now = view.now_s
-        decode_s = max(view.decode_step_s, MIN_STEP_S)
+        prefill_s, decode_s = self._unloaded(view)
         plan = FramePlan()
         queue = policy.queue
         lost = [
             r
             for r in view.running
-            if r not in self._demoted
-            and out_of_reach(r, now, view.prefill_s_per_token, decode_s, self.whole_requests)
+            if r not in self._demoted and out_of_reach(r, now, prefill_s, decode_s)
         ]
-        doomed = out_of_reach_rows(
-            queue.features(), now, view.prefill_s_per_token, decode_s, self.whole_requests
-        )
+        doomed = out_of_reach_rows(queue.features(), now, prefill_s, decode_s)
         lost += [
             r for r in (queue.rows[i] for i in np.flatnonzero(doomed)) if r not in self._demoted
         ]
@@ -94,9 +96,7 @@ class OverloadStage:
         plan.retire.extend(x for x in inner_plan.retire if x.request not in gone)
         gone |= inner_plan.retired()
         keep = set(policy.planned(view))
-        waited_long = ~queue.flags("started") & (
-            now - queue.floats("arrival") > self.max_waiting_s
-        )
+        waited_long = now - queue.floats("queued") > self.max_waiting_s
         overdue = [
             r
             for r in (queue.rows[i] for i in np.flatnonzero(waited_long))
@@ -108,6 +108,12 @@ class OverloadStage:
         gone = plan.retired()
         plan.preempt = [r for r in inner_plan.preempt if r not in gone]
         return plan
+
+    def _unloaded(self, view: EngineView) -> tuple[float, float]:
+        prefill_s = min(self._fastest[0], view.prefill_s_per_token)
+        decode_s = min(self._fastest[1], max(view.decode_step_s, MIN_STEP_S))
+        self._fastest = (prefill_s, decode_s)
+        return self._fastest
 
     def _give_up(
         self,

@@ -9,7 +9,10 @@ For every live request r (vectorised over all of them, O(N)):
   latency requests' timeline is fixed by their TBT, so their gain counts the tokens that
   can still be on time instead;
 - ``gain`` = what completing r is worth under the objective, discounted softly when r is
-  projected late: ``gain * min(1, t_rem / t_gen) ** penalty``;
+  projected late: ``gain * min(1, t_rem / t_gen) ** penalty``; with ``objective:
+  tokens`` each kind is worth the tokens the goodput metric counts for it (one value
+  per goodput token), and a latency request whose first token would be late is worth
+  nothing (docs/scheduling.md "The objective");
 - ``priority = gain / cost`` (cost: the engine time r will take, see below) plus
   ``delta`` x median priority per frame waited (aging); members of one compound stage
   share one priority;
@@ -198,7 +201,13 @@ def score_features(
             ontime = latency_tokens_reachable(
                 generated[lat], typical[lat], start, v, due0[lat], tbt[lat]
             )
-            gain[lat] = ontime if tokens_objective else (ontime >= typical[lat])
+            # a late first token earns nothing: the client has judged the stream slow
+            # (TTFT), whatever later tokens could still catch up
+            late_start = (generated[lat] == 0) & (start + v > due0[lat] + 1e-9)
+            if tokens_objective:  # its on-time output tokens: what the metric counts
+                gain[lat] = ontime * ~late_start
+            else:
+                gain[lat] = (ontime >= typical[lat]) & ~late_start
         return gain
 
     gain = gain_if_started_in(0.0)

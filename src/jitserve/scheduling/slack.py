@@ -8,8 +8,9 @@ policy and by overload control so that "too late" means the same thing everywher
   sub-deadline ``phi(s) * D``; latency: none);
 - ``latest_start_s``: the latest moment the request can start its (re)prefill and still
   earn its full gain, given its typical remaining length;
-- ``out_of_reach``: the deadline cannot be met even if the request ran alone at full
-  speed from now (its remaining prefill and one decode step): provably lost.
+- ``out_of_reach``: the deadline (latency: the first token's due time) cannot be met
+  even if the request ran alone at unloaded speed from now (its remaining prefill and
+  one decode step): provably lost.
 """
 
 from __future__ import annotations
@@ -62,19 +63,19 @@ def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
     return deadline_s(r) - (prefill_left * prefill_s + typical_remaining(r) * decode_s)
 
 
-def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float,
-                 whole_requests: bool = False) -> bool:
+def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
     """The SLO cannot be met even if ``r`` ran alone at full speed from now: its
-    remaining prefill plus one decode step past the deadline. A latency request counts
-    token by token (later tokens can still be on time), so it is never out of reach as a
-    whole, except when only ``whole_requests`` count (``objective: requests``): then one
-    whose TTFT passed without a first token is lost. (Its TTFT itself, not a forecast of
-    its prefill: the measured prefill time includes queueing and would give up on
-    requests vLLM still serves in time.)"""
-    if is_latency(r):
-        if not whole_requests or r.first_token_s is not None:
-            return False
-        return now_s > next_token_due_s(r)
-    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
+    remaining prefill plus one decode step past the deadline, or (a latency request that
+    has no first token yet) past its first token's due time. ``prefill_s`` and
+    ``decode_s`` are the engine's *unloaded* speeds, so queueing never makes a request
+    look lost. A latency stream that has begun is never cut: its later tokens can still
+    be on time. A latency request whose first token cannot be on time is lost under
+    either objective: its tokens would only count late or by catching up on a stream
+    the client already judged slow (docs/scheduling.md "The objective")."""
     fastest = (r.prefill_target - r.prefilled) * prefill_s + decode_s
+    if is_latency(r):
+        if r.first_token_s is not None:
+            return False
+        return now_s + fastest > next_token_due_s(r)
+    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
     return now_s + fastest > deadline

@@ -29,7 +29,7 @@ IntArray = npt.NDArray[np.int64]
 
 FLOAT_COLUMNS = (
     "arrival", "prompt", "generated", "remaining", "typical", "prefill_left", "deadline",
-    "whole_deadline", "due0", "tbt", "sunk", "key", "priority",
+    "whole_deadline", "due0", "tbt", "sunk", "key", "priority", "queued",
 )  # fmt: skip
 BOOL_COLUMNS = ("is_latency", "first_token", "started", "demoted")
 INT_COLUMNS = ("program", "tenant", "waited", "seq")
@@ -189,10 +189,11 @@ class WaitingTable:
         return self._row.get(r)
 
     # ---- the queue ----------------------------------------------------------------------
-    def push(self, r: LiveRequest, key: float) -> None:
+    def push(self, r: LiveRequest, key: float, now_s: float | None = None) -> None:
         """Add ``r``; if it is in already, read its features again (its bounds were
         refined while it waited) and give it ``key``, keeping what the policy wrote
-        (frames waited, demotion, priority)."""
+        (frames waited, demotion, priority). ``queued``: since when ``r`` waits, its
+        arrival or, for a request that ran before (preempted), ``now_s``."""
         i = self._row.get(r)
         if i is not None:
             floats, flags, ints = feature_row(r, self.tenants)
@@ -208,6 +209,8 @@ class WaitingTable:
         self._f[:11, i] = floats
         self._f[11, i] = key
         self._f[12, i] = 0.0
+        preempted = r.started_s is not None and now_s is not None
+        self._f[13, i] = now_s if preempted and now_s is not None else r.req.arrival_s
         self._b[:, i] = flags
         self._i[:3, i] = ints
         self._i[3, i] = next(self._seq)
@@ -303,12 +306,12 @@ class WaitingTable:
 
 
 def out_of_reach_rows(
-    features: Features, now_s: float, prefill_s: float, decode_s: float, whole_requests: bool
+    features: Features, now_s: float, prefill_s: float, decode_s: float
 ) -> BoolArray:
     """:func:`jitserve.scheduling.slack.out_of_reach` over requests given by their
     features, as arrays (tests/core/test_waiting_table.py holds the two to the same
     answers)."""
-    due = features.due0 + features.generated * features.tbt
-    latency_lost = whole_requests & ~features.first_token & (now_s > due)
     fastest = features.prefill_left * prefill_s + decode_s
+    due = features.due0 + features.generated * features.tbt
+    latency_lost = ~features.first_token & (now_s + fastest > due)
     return np.where(features.is_latency, latency_lost, now_s + fastest > features.whole_deadline)

@@ -10,6 +10,9 @@
   lengths from consecutive trace rows.
 - Arrivals: the trace's own timestamps rescaled to the target rate (``trace``), Poisson,
   or bursty gamma inter-arrivals (CV > 1). Everything is deterministic under a seed.
+- Windows: the seed also picks where in the trace the replay starts (``window_offset``,
+  :func:`window_offset`), so two seeds replay different stretches of traffic, not the
+  same first rows with other kinds and tenants; the window wraps at the trace's end.
 - Tenants: equal demand by default, or skewed (``tenant_demand``, ``--tenant-mix
   a=3,b=1,c=1``); their fair-share weights are the SLOPolicy's, not the workload's.
 
@@ -35,6 +38,8 @@ from jitserve.slo import SLOKind
 TRACES = {"azure-conv": "azure2023_conv.csv", "azure-code": "azure2023_code.csv"}
 ARRIVALS = ("trace", "poisson", "gamma")
 MAX_OUTPUT_TOKENS = 4096
+WINDOW_STREAM = 0x57494E
+"""Mixed into the seed for the window draw, apart from the kind/tenant and length streams."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,8 @@ class WorkloadSpec:
     """Share of work items per tenant (normalised); None: equal demand."""
     burst_cv: float = 2.0
     slo: SLODefaults = field(default_factory=SLODefaults)
+    window_offset: int | None = None
+    """First trace row replayed (arrivals and lengths); None: chosen by the seed."""
 
     def __post_init__(self) -> None:
         if self.trace not in (*TRACES, "synthetic"):
@@ -128,6 +135,8 @@ class WorkloadSpec:
             raise ValueError(
                 "arrival 'trace' needs a trace; use poisson or gamma with the synthetic workload"
             )
+        if self.window_offset is not None and self.window_offset < 0:
+            raise ValueError(f"window offset must be >= 0, got {self.window_offset}")
         if self.duration_s <= 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
         if self.rate_per_s is not None and not self.rate_per_s > 0:
@@ -148,13 +157,25 @@ def _lognormal(rng: np.random.Generator, median: float, mean: float, low: int, h
     return int(np.clip(round(rng.lognormal(math.log(median), sigma)), low, high))
 
 
+def window_offset(spec: WorkloadSpec) -> int:
+    """The trace row the replay starts at: ``spec.window_offset``, or one drawn from the
+    seed alone (its own stream, so kinds and tenants draw as before). 0 for synthetic."""
+    if spec.trace == "synthetic":
+        return 0
+    if spec.window_offset is not None:
+        return spec.window_offset
+    rows = len(load_trace(spec.trace).arrival_s)
+    return int(np.random.default_rng([spec.seed, WINDOW_STREAM]).integers(rows))
+
+
 class _Lengths:
-    """Source of (prompt, output) pairs: trace rows in order (wrapping), or Table 2 fits."""
+    """Source of (prompt, output) pairs: trace rows in order from the window's first row
+    (wrapping), or Table 2 fits."""
 
     def __init__(self, spec: WorkloadSpec, rng: np.random.Generator) -> None:
         self.rng = rng
         self.trace = None if spec.trace == "synthetic" else load_trace(spec.trace)
-        self.row = 0
+        self.row = window_offset(spec)
 
     def single(self) -> tuple[int, int]:
         if self.trace is None:  # Table 2, Chatbot / single
@@ -185,16 +206,19 @@ def _program_shape(rng: np.random.Generator) -> list[int]:
 def _arrival_gaps(spec: WorkloadSpec, rng: np.random.Generator, rate: float) -> Iterator[float]:
     if spec.arrival == "trace":
         trace = load_trace(spec.trace)
+        gaps = np.diff(trace.arrival_s)
+        start = window_offset(spec) % len(gaps)
         # Rescale so that the replayed window itself arrives at ``rate``: the trace's rate
         # varies (its first 10 minutes run 14% below its hourly mean), so scaling by the
         # whole trace's mean would under-load short runs.
         wanted = int(rate * spec.duration_s)
-        if 0 < wanted < len(trace.arrival_s):
-            scale = spec.duration_s / float(trace.arrival_s[wanted] - trace.arrival_s[0])
-        else:
-            scale = trace.rate_per_s / rate
-        gaps = np.diff(trace.arrival_s) * scale
-        i = 0
+        span = 0.0
+        if 0 < wanted < len(gaps):
+            # the first item arrives at 0, so the gaps used are those after it
+            span = float(gaps[(start + 1 + np.arange(wanted)) % len(gaps)].sum())
+        scale = spec.duration_s / span if span > 0 else trace.rate_per_s / rate
+        gaps = gaps * scale
+        i = start
         while True:
             yield float(gaps[i % len(gaps)])
             i += 1
