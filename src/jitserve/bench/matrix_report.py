@@ -113,15 +113,22 @@ def markdown(
     met = v["met"]
     parts = [
         "\n".join(lines),
-        f"Overload cells (load >= 1.0): {v['overload_cells']}. Tokens (default objective): "
-        f"below 0.98x in {v['tokens_below_floor']}, min {v['tokens_min']:.3f}, geometric mean "
-        f"{v['tokens_geomean']:.3f} (target >= 1.15: {_yes(met['geomean_tokens'])}). "
-        f"Requests (objective: requests): below 0.98x in {v['requests_below_floor']}, min "
-        f"{v['requests_min']:.3f}, geometric mean {v['requests_geomean']:.3f}. Per-kind "
-        f"attainment more than 0.05 below edf-ac's in {v['attainment_cells_beyond_slack']} "
-        f"cells (worst {v['attainment_worst_gap']:+.3f}). Every cell >= 0.98x: tokens "
-        f"{_yes(met['every_cell_tokens'])}, requests {_yes(met['every_cell_requests'])}; "
-        f"attainment within 0.05: {_yes(met['attainment'])}.",
+        "\n".join([
+            f"Overload cells (load >= 1.0): {v['overload_cells']}.",
+            "",
+            "| GMAX / best -ac baseline | cells below 0.98x | min | geometric mean |",
+            "|---|---|---|---|",
+            f"| token goodput (default objective) | {v['tokens_below_floor']} | "
+            f"{v['tokens_min']:.3f} | {v['tokens_geomean']:.3f} |",
+            f"| request goodput (objective: requests) | {v['requests_below_floor']} | "
+            f"{v['requests_min']:.3f} | {v['requests_geomean']:.3f} |",
+            "",
+            f"Targets: geometric mean on tokens >= 1.15: {_yes(met['geomean_tokens'])}; every "
+            f"cell >= 0.98x: tokens {_yes(met['every_cell_tokens'])}, requests "
+            f"{_yes(met['every_cell_requests'])}. Per-kind attainment more than 0.05 below "
+            f"edf-ac's in {v['attainment_cells_beyond_slack']} cells (worst "
+            f"{v['attainment_worst_gap']:+.3f}): {_yes(met['attainment'])}.",
+        ]),
     ]
     if shares:
         rows = [
