@@ -312,12 +312,18 @@ def test_a_compound_program_has_one_outcome_at_its_final_stage() -> None:
     assert sorted(per_call[4:], key=str) == ["finished", "met"]
 
 
-@pytest.mark.parametrize(("policy", "code"), [
-    ({"admission": {"maxWaitingSeconds": 0.1}}, "waiting_time_exceeded"),
-    # whole requests count: its TTFT passed without a first token, so it is unreachable
-    ({"objective": "requests", "admission": {"maxWaitingSeconds": 100}}, "slo_unreachable"),
+@pytest.mark.parametrize(("policy", "slo", "code"), [
+    # reachable (a far deadline) but waiting past the limit, and not in the plan (edf-ac plans
+    # the head that fits the free slots: none while the blocker runs)
+    ({"scheduler": {"policy": "edf-ac"}, "admission": {"maxWaitingSeconds": 0.1}},
+     DeadlineSLO(100.0), "waiting_time_exceeded"),
+    # its TTFT passed without a first token: unreachable, whatever the objective
+    ({"admission": {"maxWaitingSeconds": 100}}, LatencySLO(0.05, 0.01), "slo_unreachable"),
+    ({"objective": "requests", "admission": {"maxWaitingSeconds": 100}},
+     LatencySLO(0.05, 0.01), "slo_unreachable"),
 ])
-def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], code: str) -> None:
+def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], slo: SLO,
+                                                   code: str) -> None:
     async def scenario() -> Job:
         spec = load_policy(policy)
         d, backend, clock = make_dispatcher(spec, batch=1)
@@ -325,9 +331,7 @@ def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], code:
                                           max_tokens=200))
         d.step(0.0, frame_due=True)
         await settle()
-        # its latency timeline is lost before it could start: nothing left to earn
-        starved = await submit(d, Request("starved", "t1", LatencySLO(0.05, 0.01), 10, 0.0,
-                                          max_tokens=5))
+        starved = await submit(d, Request("starved", "t1", slo, 10, 0.0, max_tokens=5))
         for k in range(1, 20):
             clock.now = k * TICK
             d.step(clock.now, frame_due=True)
