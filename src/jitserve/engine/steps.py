@@ -24,10 +24,14 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from jitserve.engine.predictor import OnlineStepModel
-from jitserve.scheduling.budget import BudgetRule, DecodeSlack, StepTime, choose_budget
-
-DUE_ARG = "jitserve_due_s"
-TBT_ARG = "jitserve_tbt_s"
+from jitserve.scheduling.budget import (
+    DUE_ARG,
+    TBT_ARG,
+    BudgetRule,
+    DecodeSlack,
+    StepTime,
+    choose_budget,
+)
 
 
 class EngineRequest(Protocol):

@@ -33,6 +33,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+DUE_ARG = "jitserve_due_s"
+"""vLLM ``vllm_xargs`` key: wall-clock time (epoch s) the dispatch's first token is due."""
+TBT_ARG = "jitserve_tbt_s"
+"""vLLM ``vllm_xargs`` key: the request's TBT target (0: none, its decodes not protected)."""
+
 StepTime = Callable[[int], float]
 """Predicted seconds of this iteration with ``p`` prompt tokens beside its decodes."""
 
