@@ -38,11 +38,18 @@ def test_fixed_and_no_protected_decode_give_the_maximum() -> None:
     tight = [DecodeSlack(0.05, 0.1)]
     assert choose_budget(BudgetRule.FIXED, convex, tight, decoders=1, most=4096,
                          demand=9999) == 4096
-    late = [DecodeSlack(0.001, 0.1)]  # below a decode-only step: not protectable
-    assert choose_budget(BudgetRule.GREEDY, convex, late, decoders=1, most=4096,
+    untimed = [DecodeSlack(0.001, 0.0)]  # no TBT target: not protected
+    assert choose_budget(BudgetRule.GREEDY, convex, untimed, decoders=1, most=4096,
                          demand=9999) == 4096
     assert choose_budget(BudgetRule.SLIDING, None, tight, decoders=1, most=4096,
                          demand=9999) == 4096
+
+
+def test_a_late_decode_holds_each_step_to_half_its_tbt() -> None:
+    late = [DecodeSlack(-0.5, 0.2)]  # behind its schedule: it catches up on short steps
+    budget = choose_budget(BudgetRule.GREEDY, convex, late, decoders=1, most=4096,
+                           demand=9999)
+    assert convex(budget - 1) <= 0.1 < convex(budget)
 
 
 def test_greedy_fills_this_step_to_the_tightest_slack() -> None:

@@ -95,7 +95,8 @@ def test_defaults_apply_without_xargs_and_fixed_keeps_the_maximum() -> None:
     greedy = BudgetSteps(BudgetRule.GREEDY, 2048, ttft_s=0.5, tbt_s=0.05, clock=clock,
                          timer=timer)
     fitted(greedy, timer)
-    # due 999 + 0.5 + 10 * 0.05 = 1000.0: already late, not protected -> the maximum
-    assert greedy.budget([decode], []) == 2048
+    # due 999 + 0.5 + 10 * 0.05 = 1000.0: already late, so each step is held to TBT / 2
+    # = 25 ms, under even a decode-only step (30 ms): the floor, one prompt token
+    assert greedy.budget([decode], [Req(999.9, 5000, 0)]) == 2
     decode.arrival_time = 999.1  # due 1000.1 with the defaults: 100 ms slack
     assert greedy.budget([decode], [Req(999.9, 5000, 0)]) < 2048

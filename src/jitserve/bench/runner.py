@@ -103,6 +103,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
                 setup.stage_share,
                 ledger=ledger,
                 refine_every=cell.spec.scheduler.refine_every,
+                budget_rule=cell.spec.scheduler.budget_rule,
             )
         )
     if cell.track_memory:

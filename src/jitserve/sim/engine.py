@@ -31,9 +31,11 @@ import numpy.typing as npt
 from jitserve.goodput import GoodputLedger, LogHistogram
 from jitserve.requests import LiveProgram, LiveRequest, Program, Request, Workitem
 from jitserve.scheduling.base import Policy
+from jitserve.scheduling.budget import BudgetRule
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
+from jitserve.sim.budgeting import iteration_budget
 from jitserve.sim.latency import Profile
 
 
@@ -91,6 +93,8 @@ class EngineStats:
     frames: int = 0
     frame_seconds: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0
+    budget_cuts: int = 0
+    """Iterations the budget rule ran below the engine's maximum token budget."""
 
     def merge(self, other: EngineStats) -> None:
         for name in (
@@ -103,6 +107,7 @@ class EngineStats:
             "prefill_tokens",
             "frames",
             "busy_s",
+            "budget_cuts",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.frame_seconds.merge(other.frame_seconds)
@@ -119,8 +124,11 @@ class Engine:
         stage_share: StageShareEstimator | None = None,
         ledger: GoodputLedger | None = None,
         refine_every: int = 50,
+        budget_rule: BudgetRule = BudgetRule.FIXED,
     ) -> None:
         self.profile = profile
+        self.budget_rule = budget_rule
+        self._budget = profile.chunk_token_budget
         prefill_s = profile.a1_s_per_prefill_token
         self.lifecycle = Lifecycle(
             policy,
@@ -211,7 +219,7 @@ class Engine:
         profile = self.profile
         if self.chunked:
             pending = sum(r.prefill_target - r.prefilled for r in self._prefilling)
-            budget_left = profile.chunk_token_budget - len(self._decoding) - pending
+            budget_left = self._budget - len(self._decoding) - pending
         else:
             budget_left = profile.prefill_first_token_budget - self._kv_prefill_reserved
         admitted = False
@@ -236,6 +244,9 @@ class Engine:
     def advance(self, until_s: float = math.inf) -> bool:
         """Run one iteration (or one closed-form decode stretch). False when idle."""
         self._take_arrivals()
+        if self.chunked and self.budget_rule is not BudgetRule.FIXED:
+            self._budget = self._iteration_budget()
+            self._stats.budget_cuts += self._budget < self.profile.chunk_token_budget
         self._fill()
         if self._prefilling:
             self._prefill_iteration()
@@ -265,7 +276,7 @@ class Engine:
         profile = self.profile
         decoders = len(self._decoding) if self.chunked else 0
         budget = (
-            profile.chunk_token_budget - decoders
+            self._budget - decoders
             if self.chunked
             else profile.prefill_first_token_budget
         )
@@ -299,6 +310,16 @@ class Engine:
                 self._prefilling.remove(r)
                 self._kv_prefill_reserved -= r.prefill_target
                 self._emit_prefill_token(r)
+
+    def _iteration_budget(self) -> int:
+        g = self._timeline.steps
+        tokens = ((d.r, d.start_generated + g - d.start_step) for d in self._decoding.values())
+        return iteration_budget(
+            self.profile, self.budget_rule, self.now, tokens,
+            self._decode_context() if self._decoding else 0,
+            self._prefilling[0].prefilled if self._prefilling else 0,
+            sum(r.prefill_target - r.prefilled for r in self._prefilling),
+            self.policy.waiting() > 0)
 
     def _emit_prefill_token(self, r: LiveRequest) -> None:
         """The last prefill chunk produces the next token; then the request decodes."""
