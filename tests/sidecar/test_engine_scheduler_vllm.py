@@ -1,0 +1,95 @@
+"""jitserve's in-engine scheduler inside the real (CPU) vLLM: it loads with
+``--scheduler-cls`` and changes what vLLM schedules — with a decode whose TBT it protects,
+vLLM cuts a long prompt's chunks to the budget the rule set, below its own maximum (the
+step log the scheduler writes: budget and scheduled tokens per step)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jitserve.devstack import vllm as vl
+from jitserve.scheduling.budget import DUE_ARG, TBT_ARG
+
+MAX_TOKENS = 1024  # vLLM's --max-num-batched-tokens: the rule's maximum
+
+
+@pytest.fixture(scope="module")
+def greedy_vllm() -> Iterator[tuple[str, Path, Path]]:
+    python = vl.vllm_python()
+    if python is None:
+        pytest.fail("vLLM is not installed: run scripts/setup-vllm.sh, or set "
+                    "JITSERVE_VLLM_PYTHON")
+    model = vl.ensure_tiny_model(python=python)
+    port = vl.free_port()
+    folder = Path(tempfile.mkdtemp(prefix="jitserve-engine-sched-"))
+    log_path, steps = folder / "vllm.log", folder / "steps.jsonl"
+    cmd = vl.vllm_command(python, model, port, max_num_seqs=8, max_model_len=4096,
+                          extra=["--max-num-batched-tokens", str(MAX_TOKENS)],
+                          engine_rule="greedy")
+    with log_path.open("ab") as log:
+        proc = vl.start_engine(cmd, log, env=vl.engine_scheduler_env("greedy", steps))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not vl.wait_http_ok(url + "/health", 600, proc):
+            pytest.fail(f"vLLM did not start (exit {proc.poll()}):\n{vl.tail(log_path, 60)}")
+        yield url, steps, log_path
+    finally:
+        vl.stop_process(proc)
+
+
+def complete(url: str, prompt: list[int], max_tokens: int, xargs: dict[str, float]) -> Any:
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0, "vllm_xargs": xargs}
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.load(resp)
+
+
+def records(steps: Path) -> list[dict[str, Any]]:
+    if not steps.exists():
+        return []
+    return [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
+
+
+def test_the_rule_cuts_vllms_prompt_chunks_to_protect_a_decode(
+        greedy_vllm: tuple[str, Path, Path]) -> None:
+    url, steps, log_path = greedy_vllm
+    assert "jitserve engine scheduler SlidingScheduler: budget rule greedy" in \
+        log_path.read_text(errors="replace")
+    # warm-up: enough steps for the online step-time model, nothing tight
+    relaxed = {DUE_ARG: time.time() + 600, TBT_ARG: 10.0}
+    complete(url, list(range(10, 300)), 40, relaxed)
+    warm = records(steps)
+    assert len(warm) >= 16 and all(r["budget"] == MAX_TOKENS for r in warm)
+    assert warm[-1]["model"] is not None
+    # a decode already behind a 1 ms TBT: each step is held to half of it, under even a
+    # decode-only step, so the rule leaves one prompt token beside the decodes
+    tight = {DUE_ARG: time.time() - 5, TBT_ARG: 0.001}
+    decode = threading.Thread(target=complete, args=(url, list(range(5, 21)), 120, tight))
+    decode.start()
+    deadline = time.monotonic() + 60
+    while not any(r["decoders"] for r in records(steps)[len(warm):]):
+        assert time.monotonic() < deadline, "the tight request never decoded"
+        time.sleep(0.05)
+    prompt = complete(url, [7 + i % 500 for i in range(3000)], 1, relaxed)
+    decode.join(120)
+    assert prompt["usage"]["prompt_tokens"] == 3000
+    cut = [r for r in records(steps)[len(warm):]
+           if r["decoders"] and r["budget"] < MAX_TOKENS and r["scheduled"] > r["decoders"]]
+    # vLLM scheduled exactly the cut budget while 3000 prompt tokens waited: without
+    # the rule each of these steps would have carried ~1023 prompt tokens
+    assert cut and all(r["scheduled"] <= r["budget"] for r in cut)
+    assert any(r["scheduled"] == r["budget"] == r["decoders"] + 1 for r in cut)
+    # once the decode is gone, the prompt gets vLLM's full budget again
+    assert any(r["decoders"] == 0 and r["scheduled"] == MAX_TOKENS
+               for r in records(steps)[len(warm):])
