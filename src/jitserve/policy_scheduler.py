@@ -181,6 +181,13 @@ class SchedulerSettings(_Model):
             " in-engine scheduler (--scheduler-cls)."
         ),
     )
+    batch_constructor: bool = Field(
+        default=False,
+        description=(
+            "SlidingServe's BatchConstructor: when the full batch would make a prefill miss"
+            " its first token, run an anchored knapsack subset of the prefills instead."
+        ),
+    )
     mechanisms: MechanismSettings = Field(
         default=MechanismSettings(),
         description="Each GMAX mechanism on or off (ablations); all on by default.",

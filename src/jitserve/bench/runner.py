@@ -104,6 +104,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
                 ledger=ledger,
                 refine_every=cell.spec.scheduler.refine_every,
                 budget_rule=cell.spec.scheduler.budget_rule,
+                batch_constructor=cell.spec.scheduler.batch_constructor,
             )
         )
     if cell.track_memory:
