@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from jitserve.devstack import tinymodel
+from jitserve.scheduling import budget
 
 
 def cache_dir() -> Path:
@@ -79,7 +80,7 @@ def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127
     return cmd + engine_scheduler_flags(engine_rule, "--async-scheduling" in cmd)
 
 
-ENGINE_RULES = ("fixed", "greedy", "sliding")
+ENGINE_RULES = tuple(r.value for r in budget.BudgetRule)
 """Budget rules of the in-engine scheduler (:class:`jitserve.scheduling.budget.BudgetRule`)."""
 
 
@@ -90,8 +91,7 @@ def engine_scheduler_flags(rule: str | None, async_scheduling: bool = False) -> 
         return []
     if rule not in ENGINE_RULES:
         raise ValueError(f"unknown engine budget rule {rule!r}; one of {', '.join(ENGINE_RULES)}")
-    cls = "AsyncSlidingScheduler" if async_scheduling else "SlidingScheduler"
-    return ["--scheduler-cls", f"jitserve.engine.vllm_scheduler.{cls}"]
+    return budget.engine_scheduler_flags(async_scheduling)
 
 
 def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict[str, str]:
@@ -101,7 +101,7 @@ def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict
         return {}
     src = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-    env = {"JITSERVE_ENGINE_BUDGET_RULE": rule, "PYTHONPATH": path}
+    env = {budget.RULE_ENV: rule, "PYTHONPATH": path}
     if step_log is not None:
         env["JITSERVE_ENGINE_STEP_LOG"] = str(step_log)
     return env

@@ -26,6 +26,7 @@ from typing import IO, Any, Protocol
 from jitserve.engine.predictor import OnlineStepModel
 from jitserve.scheduling.budget import (
     DUE_ARG,
+    RULE_ENV,
     TBT_ARG,
     BudgetRule,
     DecodeSlack,
@@ -79,7 +80,7 @@ class BudgetSteps:
     def from_env(most: int, env: Mapping[str, str] | None = None) -> BudgetSteps:
         env = os.environ if env is None else env
         path = env.get("JITSERVE_ENGINE_STEP_LOG")
-        return BudgetSteps(BudgetRule(env.get("JITSERVE_ENGINE_BUDGET_RULE", "sliding")), most,
+        return BudgetSteps(BudgetRule(env.get(RULE_ENV, "sliding")), most,
                            ttft_s=float(env.get("JITSERVE_ENGINE_TTFT_S", "2.0")),
                            tbt_s=float(env.get("JITSERVE_ENGINE_TBT_S", "0.1")),
                            log=open(path, "a", buffering=1) if path else None)

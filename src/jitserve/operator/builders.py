@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from jitserve import __version__
 from jitserve.operator import constants as c
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.policy_scheduler import BudgetRule
+from jitserve.scheduling.budget import RULE_ENV, engine_scheduler_flags
 
 JSON = dict[str, Any]
 
@@ -190,6 +192,11 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "priority",
         *model.args,
     ]
+    rule = spec.scheduler.budget_rule
+    engine_env = []
+    if rule is not BudgetRule.FIXED:  # the image must have jitserve importable (no deps)
+        vllm_args += engine_scheduler_flags("--async-scheduling" in model.args)
+        engine_env = [{"name": RULE_ENV, "value": rule.value}]
     gpu_limits = {model.gpu_resource: str(model.gpus)} if model.gpus > 0 else {}
     vllm: JSON = {
         "name": "vllm",
@@ -200,6 +207,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *engine_env,
             *(e.to_k8s() for e in model.env),
         ],
         "ports": [{"name": "vllm", "containerPort": model.port, "protocol": "TCP"}],

@@ -44,6 +44,16 @@ TBT_ARG = "jitserve_tbt_s"
 
 __all__ = ["BudgetRule", "DecodeSlack", "Window", "choose_budget", "time_to_budget"]
 
+RULE_ENV = "JITSERVE_ENGINE_BUDGET_RULE"
+"""The environment variable vLLM's engine process reads the in-engine rule from."""
+
+
+def engine_scheduler_flags(async_scheduling: bool = False) -> list[str]:
+    """vLLM's flags that load jitserve's in-engine scheduler (:mod:`jitserve.engine`)."""
+    cls = "AsyncSlidingScheduler" if async_scheduling else "SlidingScheduler"
+    return ["--scheduler-cls", f"jitserve.engine.vllm_scheduler.{cls}"]
+
+
 LATE_SHARE = 0.5
 """A late decode's iterations are held to this share of its TBT (see the module doc)."""
 
