@@ -6,6 +6,7 @@ step log the scheduler writes: budget and scheduled tokens per step)."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -20,6 +21,7 @@ from jitserve.devstack import vllm as vl
 from jitserve.scheduling.budget import DUE_ARG, TBT_ARG
 
 MAX_TOKENS = 1024  # vLLM's --max-num-batched-tokens: the rule's maximum
+START_TIMEOUT_S = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "600"))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def greedy_vllm() -> Iterator[tuple[str, Path, Path]]:
         proc = vl.start_engine(cmd, log, env=vl.engine_scheduler_env("greedy", steps))
     url = f"http://127.0.0.1:{port}"
     try:
-        if not vl.wait_http_ok(url + "/health", 600, proc):
+        if not vl.wait_http_ok(url + "/health", START_TIMEOUT_S, proc):
             pytest.fail(f"vLLM did not start (exit {proc.poll()}):\n{vl.tail(log_path, 60)}")
         yield url, steps, log_path
     finally:

@@ -1,7 +1,8 @@
 """vLLM scheduler classes that set each step's token budget by a jitserve budget rule.
 
-Load with ``--scheduler-cls jitserve.engine.vllm_scheduler.SlidingScheduler`` (or
-``AsyncSlidingScheduler`` with ``--async-scheduling``); the rule comes from
+Load with ``--scheduler-cls jitserve.engine.vllm_scheduler.SlidingScheduler``: it builds
+the ``AsyncSlidingScheduler`` (on vLLM's ``AsyncScheduler``) itself when async
+scheduling is on (vLLM's default on GPUs; the CPU platform turns it off). The rule comes from
 ``$JITSERVE_ENGINE_BUDGET_RULE`` (``fixed``, ``greedy``, ``sliding``), the engine's
 maximum from ``--max-num-batched-tokens``. vLLM's ``Scheduler.schedule()`` reads
 ``self.max_num_scheduled_tokens`` at every step, so setting it just before is the whole
@@ -49,3 +50,14 @@ def _budgeted(base: Any, name: str) -> Any:
 
 SlidingScheduler = _budgeted(Scheduler, "SlidingScheduler")
 AsyncSlidingScheduler = _budgeted(AsyncScheduler, "AsyncSlidingScheduler")
+
+
+def _new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    config = kwargs.get("vllm_config", args[0] if args else None)
+    if cls is SlidingScheduler and config is not None and \
+            config.scheduler_config.async_scheduling:
+        return AsyncSlidingScheduler(*args, **kwargs)  # not a SlidingScheduler: no 2nd init
+    return object.__new__(cls)
+
+
+SlidingScheduler.__new__ = _new
