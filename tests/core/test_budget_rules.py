@@ -52,6 +52,12 @@ def test_a_late_decode_holds_each_step_to_half_its_tbt() -> None:
     assert convex(budget - 1) <= 0.1 < convex(budget)
 
 
+def test_a_late_decode_the_engine_is_too_slow_for_is_not_protected() -> None:
+    late = [DecodeSlack(-0.5, 0.03)]  # half its TBT (15 ms) < a decode-only step (20 ms)
+    assert choose_budget(BudgetRule.SLIDING, convex, late, decoders=1, most=4096,
+                         demand=9999) == 4096
+
+
 def test_greedy_fills_this_step_to_the_tightest_slack() -> None:
     decodes = [DecodeSlack(0.150, 0.1), DecodeSlack(0.3, 0.1)]
     budget = choose_budget(BudgetRule.GREEDY, convex, decodes, decoders=2, most=4096,

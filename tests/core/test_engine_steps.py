@@ -92,11 +92,11 @@ def test_defaults_apply_without_xargs_and_fixed_keeps_the_maximum() -> None:
     decode = Req(arrival_time=999.0, num_prompt_tokens=10, num_computed_tokens=19,
                  num_output_tokens=10)
     assert steps.budget([decode], []) == 2048
-    greedy = BudgetSteps(BudgetRule.GREEDY, 2048, ttft_s=0.5, tbt_s=0.05, clock=clock,
+    greedy = BudgetSteps(BudgetRule.GREEDY, 2048, ttft_s=0.5, tbt_s=0.03, clock=clock,
                          timer=timer)
     fitted(greedy, timer)
-    # due 999 + 0.5 + 10 * 0.05 = 1000.0: already late, so each step is held to TBT / 2
-    # = 25 ms, under even a decode-only step (30 ms): the floor, one prompt token
-    assert greedy.budget([decode], [Req(999.9, 5000, 0)]) == 2
-    decode.arrival_time = 999.1  # due 1000.1 with the defaults: 100 ms slack
+    # due 999 + 0.5 + 10 * 0.03 = 999.8: already late, and TBT / 2 = 15 ms is under even
+    # a decode-only step (20 ms: 10 ms + 0.1 ms a token + 10 ms a request): nothing helps
+    assert greedy.budget([decode], [Req(999.9, 5000, 0)]) == 2048
+    decode.arrival_time = 999.3  # due 1000.1 with the defaults: 100 ms slack
     assert greedy.budget([decode], [Req(999.9, 5000, 0)]) < 2048

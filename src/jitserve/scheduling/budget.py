@@ -23,7 +23,10 @@ Every decode with a TBT target is protected. One whose next token can still be o
 its schedule (goodput counts per token, so it can still catch up: each step shorter than
 its TBT gains on the schedule) bounds each step to ``LATE_SHARE`` of its TBT instead of
 to a slack it can no longer meet (measured on the simulator: 0.5 beat 1.0 and beat
-ignoring late decodes, which let the budget jump to the maximum under overload).
+ignoring late decodes, which let the budget jump to the maximum under overload), unless
+even a decode-only step is longer than that: an engine too slow for the target, where a
+smaller prompt share would only starve prefill (seen live: a CPU vLLM on an overloaded
+machine, 300 ms decode steps against a 100 ms TBT, cut to one prompt token a step).
 The simulator's engine and the in-engine vLLM scheduler (:mod:`jitserve.engine`) both
 call :func:`choose_budget`; the predictor is the calibrated profile in the one and a
 model fitted online from measured step times in the other.
@@ -81,9 +84,12 @@ class Window:
     @staticmethod
     def of(decodes: Iterable[DecodeSlack], floor_s: float) -> Window | None:
         """The window of the decodes with a TBT target (``floor_s``: the time of a
-        decode-only step; below it a decode counts as late); None when there are none."""
+        decode-only step; below it a decode counts as late, and one whose half TBT is
+        below it too cannot be helped by any budget: the engine is too slow for it);
+        None when there are none."""
         protected = [d if d.slack_s >= floor_s else DecodeSlack(LATE_SHARE * d.tbt_s, d.tbt_s)
-                     for d in decodes if d.tbt_s > 0]
+                     for d in decodes if d.tbt_s > 0 and
+                     (d.slack_s >= floor_s or LATE_SHARE * d.tbt_s >= floor_s)]
         if not protected:
             return None
         return Window(min(d.slack_s for d in protected),
