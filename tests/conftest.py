@@ -14,7 +14,8 @@ import pytest
 
 from tests.support.vllm import shared_vllm_url
 
-SHARED_FIXTURE_GROUPS = {"vllm_url": "vllm", "cluster": "k8s", "own_vllm": "own-vllm"}
+SHARED_FIXTURE_GROUPS = {"vllm_url": "vllm", "cluster": "k8s", "own_vllm": "own-vllm",
+                         "greedy_vllm": "greedy-vllm"}
 """A test that uses one of these fixtures (the session's vLLM, its API server, the fault
 tests' private vLLM) runs in the worker that owns it; a test that uses more than one
 goes with the first."""

@@ -17,6 +17,14 @@ class Objective(StrEnum):
     REQUESTS = "requests"
 
 
+class BudgetRule(StrEnum):
+    """How the engine sizes each iteration's token budget (:mod:`jitserve.scheduling.budget`)."""
+
+    FIXED = "fixed"
+    GREEDY = "greedy"
+    SLIDING = "sliding"
+
+
 class CutoffMode(StrEnum):
     FIXED = "fixed"
     AUTO = "auto"
@@ -163,6 +171,22 @@ class SchedulerSettings(_Model):
     )
     preemption: PreemptionSettings = Field(
         default=PreemptionSettings(), description="When running requests may be preempted."
+    )
+    budget_rule: BudgetRule = Field(
+        default=BudgetRule.FIXED,
+        description=(
+            "Per-iteration token budget: fixed (the engine's maximum), greedy (largest chunk"
+            " keeping the tightest decode within its TBT) or sliding (SlidingChunker: this"
+            " and the next iteration's budgets chosen together). Inside vLLM it needs the"
+            " in-engine scheduler (--scheduler-cls)."
+        ),
+    )
+    batch_constructor: bool = Field(
+        default=False,
+        description=(
+            "SlidingServe's BatchConstructor: when the full batch would make a prefill miss"
+            " its first token, run an anchored knapsack subset of the prefills instead."
+        ),
     )
     mechanisms: MechanismSettings = Field(
         default=MechanismSettings(),

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jitserve.devstack import vllm as vl
 
@@ -44,9 +45,11 @@ class TinyVLLM:
 
 
 def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
-                    extra: list[str] | None = None) -> TinyVLLM:
+                    extra: list[str] | None = None, engine_rule: str | None = None,
+                    step_log: Path | None = None) -> TinyVLLM:
     """A real vLLM on a free loopback port, with the tool-call flags ``jitserve up``
-    passes, once it answers /health."""
+    passes, once it answers /health; with ``engine_rule``, jitserve's in-engine scheduler
+    loaded with that budget rule (writing its per-step log to ``step_log``)."""
     python = vl.vllm_python()
     if python is None:
         raise VLLMNotInstalled("vLLM is not installed: run scripts/setup-vllm.sh "
@@ -55,9 +58,11 @@ def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
     port = vl.free_port()
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"
     cmd = vl.vllm_command(python, model, port, max_num_seqs=max_num_seqs,
-                          max_model_len=max_model_len, extra=[*vl.TOOL_FLAGS, *(extra or [])])
+                          max_model_len=max_model_len, extra=[*vl.TOOL_FLAGS, *(extra or [])],
+                          engine_rule=engine_rule)
     with log_path.open("ab") as log:
-        proc = vl.start_engine(cmd, log, nice=0)
+        proc = vl.start_engine(cmd, log, nice=0,
+                               env=vl.engine_scheduler_env(engine_rule, step_log))
     engine = TinyVLLM(proc, f"http://127.0.0.1:{port}", log_path)
     if not vl.wait_http_ok(engine.url + "/health", START_TIMEOUT_S, proc):
         engine.stop()
@@ -67,8 +72,8 @@ def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
 
 
 @contextmanager
-def tiny_vllm(**settings: int) -> Iterator[TinyVLLM]:
-    engine = start_tiny_vllm(**settings)  # type: ignore[arg-type]
+def tiny_vllm(**settings: Any) -> Iterator[TinyVLLM]:
+    engine = start_tiny_vllm(**settings)
     try:
         yield engine
     finally:

@@ -27,6 +27,7 @@ from jitserve.bench.runner import (
 )
 from jitserve.errors import CLIError
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
+from jitserve.policy_scheduler import BudgetRule
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
 from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, parse_mix, parse_tenant_mix
 
@@ -97,6 +98,13 @@ def register(subparsers: Any) -> None:
         type=int,
         help="engine token budget per iteration (vLLM max_num_batched_tokens); default: the "
         "profile's (2048, vLLM v1 on an A100)",
+    )
+    parser.add_argument(
+        "--budget-rule",
+        choices=[r.value for r in BudgetRule],
+        help="per-iteration token budget rule, for every policy (default: --config's "
+        "scheduler.budgetRule, fixed): fixed = --budget each step, greedy = the largest chunk "
+        "keeping the tightest decode within its TBT, sliding = SlidingChunker",
     )
     parser.add_argument(
         "--max-num-seqs",
@@ -230,6 +238,10 @@ def main(args: argparse.Namespace) -> int:
         spec = load_policy_file(args.config) if args.config else SLOPolicySpec()
     except PolicyError as err:
         raise CLIError(str(err)) from err
+    if args.budget_rule:
+        rule = BudgetRule(args.budget_rule)
+        spec = spec.model_copy(
+            update={"scheduler": spec.scheduler.model_copy(update={"budget_rule": rule})})
     if args.matrix:
         return matrix.main(spec, Path(args.out), args.jobs, args.profile, _matrix_size(args))
     policies = [p.strip() for p in (args.policies or ",".join(default_policies())).split(",")]
@@ -293,6 +305,7 @@ def main(args: argparse.Namespace) -> int:
         "duration_s": args.duration,
         "profile": profile.name,
         "chunk_token_budget": profile.chunk_token_budget,
+        "budget_rule": spec.scheduler.budget_rule.value,
         "max_running": profile.max_running,
         "tenant_mix": args.tenant_mix,
         "capacity_items_per_s": capacity,

@@ -103,6 +103,8 @@ def run_one(cell: Cell) -> dict[str, Any]:
                 setup.stage_share,
                 ledger=ledger,
                 refine_every=cell.spec.scheduler.refine_every,
+                budget_rule=cell.spec.scheduler.budget_rule,
+                batch_constructor=cell.spec.scheduler.batch_constructor,
             )
         )
     if cell.track_memory:

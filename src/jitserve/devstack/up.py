@@ -79,6 +79,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--engine-queue", type=int, default=None,
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
                    "(default: the policy's sidecar.engineQueue, else B/2, at least 2)")
+    p.add_argument("--engine-scheduler", choices=("none", *vl.ENGINE_RULES), default="none",
+                   help="load jitserve's in-engine scheduler into vLLM with this budget rule "
+                        "(per-step token budget from the decodes' TBT slack; default: none)")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
     p.add_argument("--analyzer-port", type=int, default=50051, help="the analyzer's gRPC port")
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
@@ -98,12 +101,13 @@ class Stack:
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
               engine_nice: int | None = None) -> subprocess.Popen[bytes]:
-        """Start a child; ``engine_nice``: it is vLLM, started at that priority."""
+        """Start a child; ``engine_nice``: it is vLLM, started at that priority (``env``:
+        added to vLLM's environment)."""
         log_path = self.log_dir / f"{name}.log"
         handle = log_path.open("ab")
         self._logs.append(handle)
         proc = (vl.start_process(cmd, handle, env) if engine_nice is None
-                else vl.start_engine(cmd, handle, engine_nice))
+                else vl.start_engine(cmd, handle, engine_nice, env))
         self.children.append((name, proc, log_path))
         print(f"  {name}: pid {proc.pid}, log {log_path}", flush=True)
         return proc
@@ -190,8 +194,9 @@ def main(args: argparse.Namespace) -> int:
             vllm_proc = stack.start("vllm", vl.vllm_command(
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
                 max_num_seqs=shape.max_num_seqs, extra=[*vl.tool_flags(args.tool_call_parser),
-                                                        *vl.reasoning_flags(args.reasoning_parser)]),
-                engine_nice=args.vllm_nice)
+                                                        *vl.reasoning_flags(args.reasoning_parser)],
+                engine_rule=args.engine_scheduler),
+                env=vl.engine_scheduler_env(args.engine_scheduler), engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)

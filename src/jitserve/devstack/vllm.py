@@ -7,6 +7,8 @@ vLLM lives in its own virtual environment (``scripts/setup-vllm.sh`` installs
 work with the CPU wheel) with ``--scheduling-policy priority`` (the sidecar passes each
 request's priority), prefix caching (a resumed continuation re-uses its KV blocks) and,
 for the tiny local model, ``--load-format dummy``. Used by ``jitserve up`` and the tests.
+With an engine budget rule (:func:`engine_scheduler_flags`) vLLM loads jitserve's
+in-engine scheduler (:mod:`jitserve.engine`) from this clone's source.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from jitserve.devstack import tinymodel
+from jitserve.scheduling import budget
 
 
 def cache_dir() -> Path:
@@ -61,7 +64,8 @@ def ensure_tiny_model(path: Path | None = None, python: Path | None = None) -> P
 def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127.0.0.1",
                  served_name: str = tinymodel.MODEL_NAME, dummy: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048,
-                 extra: list[str] | None = None) -> list[str]:
+                 extra: list[str] | None = None, engine_rule: str | None = None,
+                 ) -> list[str]:
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", served_name,
@@ -72,7 +76,35 @@ def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127
     ]
     if dummy:
         cmd += ["--load-format", "dummy"]
-    return cmd + (extra or [])
+    cmd += extra or []
+    return cmd + engine_scheduler_flags(engine_rule, "--async-scheduling" in cmd)
+
+
+ENGINE_RULES = tuple(r.value for r in budget.BudgetRule)
+"""Budget rules of the in-engine scheduler (:class:`jitserve.scheduling.budget.BudgetRule`)."""
+
+
+def engine_scheduler_flags(rule: str | None, async_scheduling: bool = False) -> list[str]:
+    """vLLM's flags that load jitserve's in-engine scheduler (none for ``None``/``none``);
+    its rule travels in the environment (:func:`engine_scheduler_env`)."""
+    if not rule or rule == "none":
+        return []
+    if rule not in ENGINE_RULES:
+        raise ValueError(f"unknown engine budget rule {rule!r}; one of {', '.join(ENGINE_RULES)}")
+    return budget.engine_scheduler_flags(async_scheduling)
+
+
+def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict[str, str]:
+    """The environment vLLM's engine reads the rule from, with this jitserve's source on
+    ``PYTHONPATH`` (first, so a ``.pth`` from another clone's setup-vllm.sh loses)."""
+    if not rule or rule == "none":
+        return {}
+    src = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    env = {budget.RULE_ENV: rule, "PYTHONPATH": path}
+    if step_log is not None:
+        env["JITSERVE_ENGINE_STEP_LOG"] = str(step_log)
+    return env
 
 
 def tool_flags(parser: str | None = "pythonic") -> list[str]:
@@ -92,8 +124,8 @@ def reasoning_flags(parser: str | None) -> list[str]:
     return ["--reasoning-parser", parser] if parser else []
 
 
-def vllm_env() -> dict[str, str]:
-    env = dict(os.environ)
+def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the tiny model
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -142,10 +174,10 @@ still got every idle cycle."""
 
 
 def start_engine(cmd: list[str], log_file: IO[bytes] | None, nice: int = ENGINE_NICE,
-                 ) -> subprocess.Popen[bytes]:
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start vLLM (:func:`vllm_command`) as :func:`start_process` does, with
-    :func:`vllm_env`, at ``nice`` (0: the caller's priority)."""
-    proc = start_process(cmd, log_file, vllm_env())
+    :func:`vllm_env` (plus ``env``), at ``nice`` (0: the caller's priority)."""
+    proc = start_process(cmd, log_file, vllm_env(env))
     if nice:
         lower_priority(proc.pid, nice)
     return proc

@@ -34,6 +34,8 @@ from jitserve.operator.naming import (
 )
 from jitserve.operator.routing import build_ingress, build_network_policy, build_service
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
+from jitserve.policy_scheduler import BudgetRule
+from jitserve.scheduling.budget import RULE_ENV, engine_scheduler_flags
 
 # the children's identity and routing live in naming and routing; builders is their face
 __all__ = [
@@ -153,6 +155,11 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         *("--scheduling-policy", "priority"),
         *model.vllm_args(),
     ]
+    rule = spec.scheduler.budget_rule
+    engine_env = []
+    if rule is not BudgetRule.FIXED:  # the image must have jitserve importable (no deps)
+        vllm_args += engine_scheduler_flags("--async-scheduling" in model.args)
+        engine_env = [{"name": RULE_ENV, "value": rule.value}]
     gpu_limits = {model.gpu_resource: str(model.gpus)} if model.gpus > 0 else {}
     vllm: JSON = {
         "name": "vllm",
@@ -163,6 +170,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "env": [
             {"name": "HOME", "value": "/tmp"},
             {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *engine_env,
             *(e.to_k8s() for e in model.env),
         ],
         "ports": [{"name": "vllm", "containerPort": model.port, "protocol": "TCP"}],

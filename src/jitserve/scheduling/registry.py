@@ -5,7 +5,8 @@ policy with the estimators it runs with (``jitserve.bench.variants``).
 
 Names: ``gmax`` (inside the overload-control layer, switched by
 ``mechanisms.overloadControl``), each baseline as stock engines run it (``fcfs``,
-``sarathi``, ``edf``, ``lsf``, ``sjf``, ``plas``: no overload control) and with GMAX's
+``sarathi``, ``edf``, ``lsf``, ``sjf``, ``plas``, SlidingServe's sorter ``slidingserve``:
+no overload control) and with GMAX's
 overload control (``fcfs-ac``, ...).
 """
 
@@ -18,6 +19,7 @@ from jitserve.scheduling.base import KeyedPolicy, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF, Sarathi
 from jitserve.scheduling.gmax import GMAX
 from jitserve.scheduling.overload import with_overload_control
+from jitserve.scheduling.slidingserve import SlidingServe
 
 BASELINES: dict[str, Callable[[], KeyedPolicy]] = {
     "fcfs": FCFS,
@@ -26,6 +28,7 @@ BASELINES: dict[str, Callable[[], KeyedPolicy]] = {
     "lsf": LSF,
     "sjf": SJF,
     "plas": PLAS,
+    "slidingserve": SlidingServe,
 }
 AC_SUFFIX = "-ac"
 """A baseline with the overload control GMAX has (admission control)."""

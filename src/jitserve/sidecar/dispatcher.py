@@ -41,6 +41,7 @@ from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Backend
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
+from jitserve.sidecar.engine_slo import engine_xargs
 from jitserve.sidecar.errors import (
     APIError,
     backend_down,
@@ -267,6 +268,8 @@ class Dispatcher:
         sampling = dict(job.sampling)
         if job.min_tokens:
             sampling["min_tokens"] = max(0, job.min_tokens - done)
+        sampling["vllm_xargs"] = {**(sampling.get("vllm_xargs") or {}),
+                                  **engine_xargs(job.live, done, now, time.time())}
         job.vllm_priority = next(self._dispatch_seq)
         self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
         run = (self.streams.forward(job, job.segment) if job.forward is not None else

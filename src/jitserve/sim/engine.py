@@ -26,47 +26,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from jitserve.goodput import GoodputLedger, LogHistogram
 from jitserve.requests import LiveProgram, LiveRequest, Program, Request, Workitem
 from jitserve.scheduling.base import Policy
+from jitserve.scheduling.budget import BudgetRule
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
+from jitserve.sim.budgeting import constructed_batch, iteration_budget
 from jitserve.sim.latency import Profile
-
-
-class Timeline:
-    """End times of decode steps, indexed by global step number; trimmed from the left."""
-
-    def __init__(self) -> None:
-        self._data = np.empty(4096)
-        self._base = 0  # global index of _data[0]
-        self._len = 0
-
-    @property
-    def steps(self) -> int:
-        return self._base + self._len
-
-    def extend(self, times: npt.NDArray[np.float64]) -> None:
-        need = self._len + times.size
-        if need > self._data.size:
-            grown = np.empty(max(need, 2 * self._data.size))
-            grown[: self._len] = self._data[: self._len]
-            self._data = grown
-        self._data[self._len : need] = times
-        self._len = need
-
-    def window(self, start: int, stop: int) -> npt.NDArray[np.float64]:
-        return self._data[start - self._base : stop - self._base]
-
-    def trim(self, keep_from: int) -> None:
-        drop = min(keep_from, self.steps) - self._base
-        if drop > self._len // 2 and drop > 1024:
-            self._data[: self._len - drop] = self._data[drop : self._len]
-            self._len -= drop
-            self._base += drop
+from jitserve.sim.timeline import Timeline
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +61,10 @@ class EngineStats:
     frames: int = 0
     frame_seconds: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0
+    budget_cuts: int = 0
+    """Iterations the budget rule ran below the engine's maximum token budget."""
+    constructed: int = 0
+    """Iterations the BatchConstructor ran a prefill subset instead of the full batch."""
 
     def merge(self, other: EngineStats) -> None:
         for name in (
@@ -103,6 +77,8 @@ class EngineStats:
             "prefill_tokens",
             "frames",
             "busy_s",
+            "budget_cuts",
+            "constructed",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.frame_seconds.merge(other.frame_seconds)
@@ -119,8 +95,13 @@ class Engine:
         stage_share: StageShareEstimator | None = None,
         ledger: GoodputLedger | None = None,
         refine_every: int = 50,
+        budget_rule: BudgetRule = BudgetRule.FIXED,
+        batch_constructor: bool = False,
     ) -> None:
         self.profile = profile
+        self.budget_rule = budget_rule
+        self.batch_constructor = batch_constructor
+        self._budget = profile.chunk_token_budget
         prefill_s = profile.a1_s_per_prefill_token
         self.lifecycle = Lifecycle(
             policy,
@@ -211,7 +192,7 @@ class Engine:
         profile = self.profile
         if self.chunked:
             pending = sum(r.prefill_target - r.prefilled for r in self._prefilling)
-            budget_left = profile.chunk_token_budget - len(self._decoding) - pending
+            budget_left = self._budget - len(self._decoding) - pending
         else:
             budget_left = profile.prefill_first_token_budget - self._kv_prefill_reserved
         admitted = False
@@ -236,6 +217,9 @@ class Engine:
     def advance(self, until_s: float = math.inf) -> bool:
         """Run one iteration (or one closed-form decode stretch). False when idle."""
         self._take_arrivals()
+        if self.chunked and self.budget_rule is not BudgetRule.FIXED:
+            self._budget = self._iteration_budget()
+            self._stats.budget_cuts += self._budget < self.profile.chunk_token_budget
         self._fill()
         if self._prefilling:
             self._prefill_iteration()
@@ -265,22 +249,27 @@ class Engine:
         profile = self.profile
         decoders = len(self._decoding) if self.chunked else 0
         budget = (
-            profile.chunk_token_budget - decoders
+            self._budget - decoders
             if self.chunked
             else profile.prefill_first_token_budget
         )
         chunks: list[tuple[LiveRequest, int]] = []
         prefill_tokens = 0
-        pairs = 0.0
         for r in self._prefilling:
             if budget <= 0 and chunks:
                 break
             c = min(r.prefill_target - r.prefilled, max(budget, 1))
-            pairs += c * (r.prefilled + c / 2)
             prefill_tokens += c
             budget -= c
             chunks.append((r, c))
         decode_context = self._decode_context() if decoders else 0
+        if self.batch_constructor and self.chunked:
+            full = chunks
+            chunks = constructed_batch(profile, self.now, chunks, self._prefilling, decoders,
+                                       decode_context, self._budget - decoders)
+            self._stats.constructed += chunks is not full
+            prefill_tokens = sum(c for _, c in chunks)
+        pairs = sum(c * (r.prefilled + c / 2) for r, c in chunks)
         dt = profile.step_s(prefill_tokens, pairs, decoders, decode_context, decoders + len(chunks))
         self.now += dt
         self._stats.iterations += 1
@@ -299,6 +288,16 @@ class Engine:
                 self._prefilling.remove(r)
                 self._kv_prefill_reserved -= r.prefill_target
                 self._emit_prefill_token(r)
+
+    def _iteration_budget(self) -> int:
+        g = self._timeline.steps
+        tokens = ((d.r, d.start_generated + g - d.start_step) for d in self._decoding.values())
+        return iteration_budget(
+            self.profile, self.budget_rule, self.now, tokens,
+            self._decode_context() if self._decoding else 0,
+            self._prefilling[0].prefilled if self._prefilling else 0,
+            sum(r.prefill_target - r.prefilled for r in self._prefilling),
+            self.policy.waiting() > 0)
 
     def _emit_prefill_token(self, r: LiveRequest) -> None:
         """The last prefill chunk produces the next token; then the request decodes."""

@@ -1,0 +1,1 @@
+"""Tests of jitserve.engine (the in-engine scheduler loaded into vLLM)."""
