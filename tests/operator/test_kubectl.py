@@ -335,7 +335,9 @@ def test_windowed_attainment_follows_a_patch_of_p(
         # the baseline is the first scrape at least a window old (scrapes are seconds apart)
         assert window <= seen["recentWindowSeconds"] < window + 120
         # Lifetime: all 24 met and every miss, once the last scrape is in.
-        assert set(misses) == {200}
+        # served late (200) or retired by the overload layer as unreachable (429): both
+        # count as missed, so LIFETIME counts every one of them
+        assert misses and set(misses) <= {200, 429}
         lifetime = round(24 / (24 + len(misses)), 4)
         wait_until(
             f"LIFETIME {lifetime}",

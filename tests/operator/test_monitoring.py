@@ -10,6 +10,7 @@ same labels, since no prometheus-operator runs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import shutil
@@ -27,9 +28,10 @@ import pytest
 import yaml
 
 from jitserve.devstack import vllm as vl
-from tests.support.http import burst, complete
+from tests.support.http import burst, complete, metric_total
 from tests.support.operator_session import MEASURED, chart_objects
 from tests.support.sidecar import SidecarProcess
+from tests.support.stall import StallRelay
 from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -159,21 +161,26 @@ class Prometheus:
 
 
 @pytest.fixture
-def prometheus_stack(vllm_url: str, tmp_path: Path) -> Iterator[tuple[SidecarProcess, Prometheus]]:
-    """A sidecar (max one request in vLLM, 0.5 s waiting limit) and a Prometheus scraping it
-    and vLLM every second, with the chart's rules at test windows (30 s / 10 s)."""
+def prometheus_stack(
+    vllm_url: str, tmp_path: Path
+) -> Iterator[tuple[SidecarProcess, Prometheus, StallRelay]]:
+    """A sidecar (max one request in vLLM, 0.5 s waiting limit) in front of vLLM through a
+    relay the test can hold, and a Prometheus scraping it and vLLM every second, with the
+    chart's rules at test windows (30 s / 10 s)."""
     policy = {
         "admission": {"maxWaitingSeconds": 0.5},
         "sloDefaults": {
             "classes": [
-                {"name": "interactive", "kind": "latency", "ttftSeconds": 2, "tbtSeconds": 0.5}
+                # a latency class any machine meets (the misses are induced below)
+                {"name": "interactive", "kind": "latency", "ttftSeconds": 60, "tbtSeconds": 10}
             ]
         },
     }
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump(policy))
-    sidecar = SidecarProcess(vllm_url, config=config, max_running=1, engine_queue=None,
-                             admin_port=True).wait_ready()
+    relay = StallRelay(vllm_url).__enter__()
+    sidecar = SidecarProcess(relay.url, config=config, max_running=1, engine_queue=None,
+                             admin_port=True, extra_args=["--stall-timeout", "600"]).wait_ready()
     burn = {"name": "Fast", "long": "30s", "short": "10s", "factor": 14.4, "for": "0s",
             "severity": "critical"}  # fmt: skip
     (tmp_path / "rules.yaml").write_text(
@@ -197,10 +204,11 @@ def prometheus_stack(vllm_url: str, tmp_path: Path) -> Iterator[tuple[SidecarPro
         },
     )
     try:
-        yield sidecar, prometheus
+        yield sidecar, prometheus, relay
     finally:
         prometheus.close()
         sidecar.close()
+        relay.__exit__(None, None, None)
 
 
 def _evaluated_at(group: dict[str, Any]) -> float:
@@ -224,9 +232,9 @@ def _substituted(expr: str) -> str:
 
 
 def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_alert(
-    prometheus_stack: tuple[SidecarProcess, Prometheus],
+    prometheus_stack: tuple[SidecarProcess, Prometheus, StallRelay],
 ) -> None:
-    sidecar, prometheus = prometheus_stack
+    sidecar, prometheus, relay = prometheus_stack
     start = time.monotonic()
     wait_until(
         "both targets up",
@@ -248,11 +256,16 @@ def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_aler
             ],
             timeout_s=120,
         )
-    # ... then a burst the sidecar cannot start in time: some are retired (HTTP 429).
-    codes = burst(
-        sidecar.url,
-        [dict(slo={"kind": "deadline", "deadline_s": 60}, max_tokens=200) for _ in range(8)],
-    )
+    # ... then a burst the sidecar cannot start in time (the relay holds vLLM's work until
+    # the waiting limit retired some): some are retired (HTTP 429), the rest served.
+    relay.hold()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        sent = pool.submit(burst, sidecar.url, [
+            dict(slo={"kind": "deadline", "deadline_s": 60}, max_tokens=200) for _ in range(8)])
+        wait_until("a retirement", lambda: metric_total(
+            sidecar.metrics(), "jitserve_requests_total", outcome="retired") > 0, 120)
+        relay.release()
+        codes = sent.result(timeout=300)
     assert 429 in codes and 200 in codes, codes
     # So far the error ratio (retired / counted) stays under the alert's threshold.
     wait_until(
