@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+from tests.support.processes import alive
 from tests.support.waiting import wait_until
 
 STARTER = """
@@ -21,22 +22,15 @@ time.sleep(600)
 """
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
 
 def test_a_killed_parent_takes_its_children_with_it() -> None:
     starter = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE)
     assert starter.stdout is not None
     leader = int(starter.stdout.readline())
-    assert _group_alive(leader)
+    assert alive(leader, group=True)
     starter.send_signal(signal.SIGKILL)
     starter.wait(30)
-    wait_until("the orphaned group to be killed", lambda: not _group_alive(leader), 60)
+    wait_until("the orphaned group to be killed", lambda: not alive(leader, group=True), 60)
 
 
 def test_a_normal_stop_leaves_no_watchdog_behind() -> None:

@@ -4,7 +4,6 @@ the analyzer, and SIGTERM stops every child."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -15,17 +14,11 @@ import pytest
 from jitserve.analyzer.client import AnalyzerClient
 from jitserve.devstack import vllm as vl
 from tests.support.http import get_json, get_text, metric, stream
+from tests.support.processes import alive
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_up_fronts_a_backend_with_the_analyzer(vllm_url: str, tmp_path: Path) -> None:
@@ -100,4 +93,4 @@ def test_up_fronts_a_backend_with_the_analyzer(vllm_url: str, tmp_path: Path) ->
         out.close()
     assert code == 0, (tmp_path / "up.out").read_text()
     assert "stopping sidecar" in (tmp_path / "up.out").read_text()
-    wait_until("up's children to exit", lambda: not [pid for pid in children if _alive(pid)], 60)
+    wait_until("up's children to exit", lambda: not [pid for pid in children if alive(pid)], 60)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from jitserve.operator import status as st
@@ -163,34 +165,17 @@ def test_recent_window_new_pod_and_restarted_pod() -> None:
 
 def test_status_carries_recent_beside_lifetime_attainment() -> None:
     sample = st.SidecarSample(outcomes=_outcomes(90, 10))
-    status = st.build_status(
-        old_status={},
-        generation=1,
-        problems=[],
-        errors=[],
-        deployment=None,
-        selector="x=y",
-        samples=[sample],
-        goodput_per_s=None,
-        now="2025-01-01T00:00:00Z",
-        recent=(_outcomes(1, 3), 299.6),
-    )
+    def build(old: dict[str, Any], now: str, recent: tuple[Any, float]) -> dict[str, Any]:
+        return st.build_status(old_status=old, generation=1, problems=[], errors=[],
+                               deployment=None, selector="x=y", samples=[sample],
+                               goodput_per_s=None, now=now, recent=recent)
+
+    status = build({}, "2025-01-01T00:00:00Z", (_outcomes(1, 3), 299.6))
     assert status["attainment"]["overall"] == 0.9
     assert status["recentAttainment"] == {"latency": 0.25, "overall": 0.25}
     assert status["recentWindowSeconds"] == 300 and status["recentRequests"] == 4
     # No request finished in the window: no recent figure (an empty column, not a stale one).
-    quiet = st.build_status(
-        old_status=status,
-        generation=1,
-        problems=[],
-        errors=[],
-        deployment=None,
-        selector="x=y",
-        samples=[sample],
-        goodput_per_s=None,
-        now="2025-01-01T00:00:15Z",
-        recent=({}, 300.0),
-    )
+    quiet = build(status, "2025-01-01T00:00:15Z", ({}, 300.0))
     assert "recentAttainment" not in quiet and quiet["recentRequests"] == 0
     patch = st.status_patch(status, quiet)
     assert patch is not None and patch["recentAttainment"] is None
