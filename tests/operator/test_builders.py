@@ -209,3 +209,10 @@ def test_admin_port_in_the_pod_not_in_the_service_or_ingress() -> None:
     froms = b.build_network_policy(REF, ["a", "b"])["spec"]["ingress"][1]["from"]
     assert [f["namespaceSelector"]["matchLabels"][c.NAMESPACE_NAME_LABEL] for f in froms] == [
         "a", "b"]
+
+
+def test_the_sidecar_names_its_policy_in_its_build_info() -> None:
+    sidecar = next(c for c in template(spec())["spec"]["containers"]  # type: ignore[index]
+                   if c["name"] == "sidecar")
+    i = sidecar["args"].index("--policy-name")
+    assert sidecar["args"][i + 1] == REF.name

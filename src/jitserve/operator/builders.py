@@ -206,7 +206,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
             *("--host", "0.0.0.0", "--port", str(side.port)),
             *("--backend", f"http://127.0.0.1:{model.port}"),
             *shape.sidecar_args(),
-            *("--admin-port", str(side.admin_port)),
+            *("--admin-port", str(side.admin_port), "--policy-name", ref.name),
             *("--analyzer", analyzer_address(ref.namespace)),
             *("--keys-dir", c.KEYS_DIR),
         ],
