@@ -161,8 +161,14 @@ class Prometheus:
 
 
 @pytest.fixture
+def relay(vllm_url: str) -> Iterator[StallRelay]:
+    with StallRelay(vllm_url) as held:
+        yield held
+
+
+@pytest.fixture
 def prometheus_stack(
-    vllm_url: str, tmp_path: Path
+    vllm_url: str, relay: StallRelay, tmp_path: Path
 ) -> Iterator[tuple[SidecarProcess, Prometheus, StallRelay]]:
     """A sidecar (max one request in vLLM, 0.5 s waiting limit) in front of vLLM through a
     relay the test can hold, and a Prometheus scraping it and vLLM every second, with the
@@ -178,7 +184,6 @@ def prometheus_stack(
     }
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump(policy))
-    relay = StallRelay(vllm_url).__enter__()
     sidecar = SidecarProcess(relay.url, config=config, max_running=1, engine_queue=None,
                              admin_port=True, extra_args=["--stall-timeout", "600"]).wait_ready()
     burn = {"name": "Fast", "long": "30s", "short": "10s", "factor": 14.4, "for": "0s",
@@ -208,7 +213,6 @@ def prometheus_stack(
     finally:
         prometheus.close()
         sidecar.close()
-        relay.__exit__(None, None, None)
 
 
 def _evaluated_at(group: dict[str, Any]) -> float:

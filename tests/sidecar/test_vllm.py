@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,7 @@ import yaml
 
 from jitserve.bench.live import StreamResult, stream_completion
 from tests.support.http import alternates, get_json, get_text, metric, post, stream
-from tests.support.sidecar import Factory, SidecarProcess, make_factory
+from tests.support.sidecar import Factory, SidecarProcess
 from tests.support.stall import StallRelay
 from tests.support.waiting import wait_until
 
@@ -404,22 +403,13 @@ def test_metrics_expose_the_contract_families(sidecar: Factory) -> None:
 
 
 def test_hot_reload_changes_p_and_f_without_dropping_streams(
-    vllm_url: str, tmp_path: Path
+    held: tuple[StallRelay, Factory]
 ) -> None:
     """A policy file rewritten under a running sidecar: later frames plan the live
     requests with the new p and f, no stream is dropped, and a bad file is reported while
     the last good policy stays. The streams are held open by the test (a relay holds
     vLLM's bytes through the reload), so they are live whatever the machine's speed."""
-    started: list[SidecarProcess] = []
-    with StallRelay(vllm_url) as relay:
-        try:
-            _hot_reload(relay, make_factory(relay.url, tmp_path, started))
-        finally:
-            for sidecar in started:
-                sidecar.close()
-
-
-def _hot_reload(relay: StallRelay, sidecar: Factory) -> None:
+    relay, sidecar = held
     tokens = 32
     s = sidecar(
         {
@@ -510,37 +500,31 @@ def _hot_reload(relay: StallRelay, sidecar: Factory) -> None:
     assert json.dumps(get_json(s.url + "/debug/scheduler")[1]["describe"])
 
 
-def test_sigterm_drains_running_streams(vllm_url: str, tmp_path: Path) -> None:
+def test_sigterm_drains_running_streams(held: tuple[StallRelay, Factory]) -> None:
     """SIGTERM (a pod being deleted): /ready turns 503, new requests are refused with
     Retry-After, the running stream still completes with every token, then the process
     exits 0. The stream is held open by the test itself (a relay that holds vLLM's bytes
     until the refusal is checked), so nothing depends on how fast the machine is."""
-    started: list[SidecarProcess] = []
-    with StallRelay(vllm_url) as relay:
-        s = make_factory(relay.url, tmp_path, started)(
-            max_running=2, extra_args=["--drain-seconds", "600", "--stall-timeout", "600"])
+    relay, sidecar = held
+    s = sidecar(max_running=2, extra_args=["--drain-seconds", "600", "--stall-timeout", "600"])
 
-        async def scenario() -> tuple[StreamResult, int, int]:
-            async with aiohttp.ClientSession() as session:
-                relay.hold()  # the request reaches vLLM only once released
-                running = asyncio.create_task(stream_completion(session, s.url, body(64)))
-                while not s.state()["running"]:
-                    await asyncio.sleep(0.02)
-                os.kill(s.proc.pid, signal.SIGTERM)
-                while s.ready()[1].get("reason") != "shutting down":
-                    await asyncio.sleep(0.02)
-                assert s.ready()[0] == 503
-                async with session.post(s.url + "/v1/completions", json=body(5)) as resp:
-                    refused, retry_after = resp.status, int(resp.headers["Retry-After"])
-                assert not running.done()
-                relay.release()
-                return await running, refused, retry_after
+    async def scenario() -> tuple[StreamResult, int, int]:
+        async with aiohttp.ClientSession() as session:
+            relay.hold()  # the request reaches vLLM only once released
+            running = asyncio.create_task(stream_completion(session, s.url, body(64)))
+            while not s.state()["running"]:
+                await asyncio.sleep(0.02)
+            os.kill(s.proc.pid, signal.SIGTERM)
+            while s.ready()[1].get("reason") != "shutting down":
+                await asyncio.sleep(0.02)
+            assert s.ready()[0] == 503
+            async with session.post(s.url + "/v1/completions", json=body(5)) as resp:
+                refused, retry_after = resp.status, int(resp.headers["Retry-After"])
+            assert not running.done()
+            relay.release()
+            return await running, refused, retry_after
 
-        try:
-            result, refused, retry_after = asyncio.run(scenario())
-            assert refused == 503 and retry_after >= 1
-            assert result.status == 200 and result.error is None and len(result.token_ids) == 64
-            assert s.proc.wait(120) == 0
-        finally:
-            for sidecar in started:
-                sidecar.close()
+    result, refused, retry_after = asyncio.run(scenario())
+    assert refused == 503 and retry_after >= 1
+    assert result.status == 200 and result.error is None and len(result.token_ids) == 64
+    assert s.proc.wait(120) == 0

@@ -226,37 +226,32 @@ def test_killed_vllm_fails_running_streams_and_keeps_the_queue(
 
 # ---- shutdown ------------------------------------------------------------------------------
 def test_sigterm_drain_is_bounded_and_every_open_stream_gets_an_error(
-    vllm_url: str, tmp_path: Path
+    held: tuple[StallRelay, Factory]
 ) -> None:
     """SIGTERM with --drain-seconds 3 while four streams run and eight wait, and none of
     them can finish (a relay holds vLLM's bytes once each stream has its first tokens):
     the sidecar still exits, 0, and every stream ends with an error event, a started one
     with the error as its last event. An exit at all is the bound at work: without it the
     held streams would keep the process up forever."""
-    started: list[SidecarProcess] = []
-    with StallRelay(vllm_url) as relay:
-        s = make_factory(relay.url, tmp_path, started)(
-            {"admission": {"maxWaitingSeconds": 300},
-             "scheduler": {"preemption": {"enabled": False}}},
-            max_running=4, extra_args=["--drain-seconds", "3", "--stall-timeout", "600"])
+    relay, sidecar = held
+    s = sidecar(
+        {"admission": {"maxWaitingSeconds": 300},
+         "scheduler": {"preemption": {"enabled": False}}},
+        max_running=4, extra_args=["--drain-seconds", "3", "--stall-timeout", "600"])
 
-        async def scenario() -> tuple[list[StreamResult], float]:
-            async with aiohttp.ClientSession() as session:
-                streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
-                           for _ in range(12)]  # four run, eight wait
-                await running_tokens(s, 4, 5)
-                relay.hold()
-                os.kill(s.proc.pid, signal.SIGTERM)
-                term_at = time.monotonic()
-                await asyncio.get_running_loop().run_in_executor(None, s.proc.wait, 120)
-                exited = time.monotonic() - term_at
-                return list(await asyncio.wait_for(asyncio.gather(*streams), 60)), exited
+    async def scenario() -> tuple[list[StreamResult], float]:
+        async with aiohttp.ClientSession() as session:
+            streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
+                       for _ in range(12)]  # four run, eight wait
+            await running_tokens(s, 4, 5)
+            relay.hold()
+            os.kill(s.proc.pid, signal.SIGTERM)
+            term_at = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, s.proc.wait, 120)
+            exited = time.monotonic() - term_at
+            return list(await asyncio.wait_for(asyncio.gather(*streams), 60)), exited
 
-        try:
-            results, exited = asyncio.run(scenario())
-        finally:
-            for sidecar in started:
-                sidecar.close()
+    results, exited = asyncio.run(scenario())
     print(f"drain: exit {exited:.2f} s after SIGTERM (--drain-seconds 3)")
     assert s.proc.returncode == 0
     for r in results:
