@@ -32,7 +32,6 @@ class StallRelay:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self.relayed_bytes = 0
 
     def __enter__(self) -> StallRelay:
         self._thread.start()
@@ -89,7 +88,6 @@ class StallRelay:
                     await self._open.wait()
                 writer.write(data)
                 await writer.drain()
-                self.relayed_bytes += len(data)
         finally:
             writer.close()
             self._writers.discard(writer)

@@ -30,10 +30,6 @@ CONTEXT = 4096
 4000 tokens."""
 
 
-class VLLMNotInstalled(AssertionError):
-    pass
-
-
 @dataclass
 class TinyVLLM:
     proc: subprocess.Popen[bytes]
@@ -52,8 +48,8 @@ def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
     loaded with that budget rule (writing its per-step log to ``step_log``)."""
     python = vl.vllm_python()
     if python is None:
-        raise VLLMNotInstalled("vLLM is not installed: run scripts/setup-vllm.sh "
-                               "(scripts/test.sh does), or set JITSERVE_VLLM_PYTHON")
+        raise AssertionError("vLLM is not installed: run scripts/setup-vllm.sh "
+                             "(scripts/test.sh does), or set JITSERVE_VLLM_PYTHON")
     model = vl.ensure_tiny_model(python=python)
     port = vl.free_port()
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"

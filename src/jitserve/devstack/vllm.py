@@ -134,15 +134,13 @@ def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start_process(cmd: list[str], log_file: IO[bytes] | None, env: dict[str, str] | None = None,
-                  *, cwd: Path | None = None, die_with_parent: bool = True,
-                  ) -> subprocess.Popen[bytes]:
+                  *, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a child in its own process group (so it can be stopped with all its
-    children) writing to ``log_file``. With ``die_with_parent`` the group is killed when
-    this process dies, however it dies (see :func:`kill_group_when_parent_dies`)."""
+    children) writing to ``log_file``; the group is killed when this process dies,
+    however it dies (see :func:`kill_group_when_parent_dies`)."""
     proc = subprocess.Popen(cmd, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
-    if die_with_parent:
-        kill_group_when_parent_dies(proc.pid)
+    kill_group_when_parent_dies(proc.pid)
     return proc
 
 
