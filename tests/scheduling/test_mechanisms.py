@@ -13,9 +13,8 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView
 from jitserve.scheduling.estimators import FrozenBounds, QuantileEstimator
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.grouping import choose_group
 from jitserve.slo import DeadlineSLO, LatencySLO
-from tests.support.requests import live
+from tests.support.requests import choose_group, live
 
 
 def spec(**mechanisms: bool) -> SLOPolicySpec:

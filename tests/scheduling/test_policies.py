@@ -10,10 +10,9 @@ from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF
 from jitserve.scheduling.estimators import ExactEstimator, MeanEstimator, QuantileEstimator
 from jitserve.scheduling.gmax import GMAX, latency_tokens_reachable
-from jitserve.scheduling.grouping import choose_group
 from jitserve.scheduling.registry import make_policy
 from jitserve.slo import DeadlineSLO, LatencySLO
-from tests.support.requests import live
+from tests.support.requests import choose_group, live
 
 
 def drain(policy: Policy, rs: list[LiveRequest], now: float = 0.0) -> list[str]:

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from jitserve.requests import LiveRequest, Phase, Request
+from jitserve.scheduling.grouping import choose_by_context
 from jitserve.slo import SLO, DeadlineSLO
 
 
@@ -26,3 +31,12 @@ def live(
         r.prefilled = r.prefill_target
         r.started_s = arrival
     return r
+
+
+def choose_group(live_requests: Sequence[LiveRequest], priority: np.ndarray, batch: int,
+                 cutoff: float | None, candidate_factor: int,
+                 length_window: bool = True) -> tuple[np.ndarray, float]:
+    """GMAX's group choice over the requests' context lengths, as the waiting table feeds
+    :func:`~jitserve.scheduling.grouping.choose_by_context` its column."""
+    context = np.array([r.context_tokens for r in live_requests], dtype=np.float64)
+    return choose_by_context(context, priority, batch, cutoff, candidate_factor, length_window)

@@ -4,7 +4,7 @@ ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
 - :class:`GroupFilter`: the stage, and the one owner of the cutoff p (fixed, or learned
   by its :class:`~jitserve.scheduling.cutoff.CutoffTuner`) and of the bar an arrival
   must clear to join the group between frames;
-- :func:`choose_group`: keep the top ``k * B`` requests with priority >= ``p`` x the
+- :func:`choose_by_context`: keep the top ``k * B`` requests with priority >= ``p`` x the
   B-th best (the cutoff), sort them by input length and take the size-B window with the
   largest priority sum (the length window). Either step can be switched off
   (``mechanisms.cutoff``, ``mechanisms.lengthWindow``).
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import CutoffMode
 from jitserve.policy_scheduler import SchedulerSettings
-from jitserve.requests import LiveRequest
 from jitserve.scheduling.cutoff import CutoffTuner
 
 FloatArray = npt.NDArray[np.float64]
@@ -92,19 +90,6 @@ class GroupFilter:
     def admits(self, priority: float) -> bool:
         """Would an arrival with ``priority`` have made the current group?"""
         return priority >= self.threshold and priority > self.frontier
-
-
-def choose_group(
-    live: Sequence[LiveRequest],
-    priority: FloatArray,
-    batch: int,
-    cutoff: float | None,
-    candidate_factor: int,
-    length_window: bool = True,
-) -> tuple[BoolArray, float]:
-    """:func:`choose_by_context` over ``live``'s context lengths."""
-    context = np.array([r.context_tokens for r in live], dtype=np.float64)
-    return choose_by_context(context, priority, batch, cutoff, candidate_factor, length_window)
 
 
 def choose_by_context(
