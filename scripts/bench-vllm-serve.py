@@ -18,6 +18,13 @@ jitserve:
 ``--capacity`` first measures the bare engine's capacity (all prompts at once, completed
 requests per second) and, with ``--loads 0.7,1.5,2``, takes the rates from it.
 
+Fleets (several engines behind a front): ``--target NAME=URL`` names each front to
+compare (the jitserve gateway, vllm-router with each policy, in front of the sidecars or
+of the bare engines), ``--engine URL`` each engine behind them (waited idle on between
+runs), ``--baseline NAME`` the front the ratios are against, ``--capacity-target NAME``
+the front capacity is measured through; with ``--target`` the bare vLLM is no target of
+its own (``scripts/bench-fleet.py`` starts such a fleet and runs this).
+
 Every run gets its own ``--seed`` (base + run index): the random dataset's prompts repeat
 for a given seed, and vLLM's prefix cache would serve a repeated prompt without prefill,
 favouring whichever target runs second. Between runs the script waits until neither the
@@ -67,12 +74,13 @@ def gauge(text: str, name: str) -> float:
     return total
 
 
-def busy(sidecar: str | None, bare: str) -> bool:
-    status, text = get(bare + "/metrics")
-    if status != 200:
-        return True
-    if gauge(text, "vllm:num_requests_running") + gauge(text, "vllm:num_requests_waiting"):
-        return True
+def busy(sidecar: str | None, engines: list[str]) -> bool:
+    for engine in engines:
+        status, text = get(engine + "/metrics")
+        if status != 200:
+            return True
+        if gauge(text, "vllm:num_requests_running") + gauge(text, "vllm:num_requests_waiting"):
+            return True
     if sidecar:
         status, text = get(sidecar + "/debug/scheduler")
         if status == 404:  # served on the sidecar's admin port: vLLM's view counts
@@ -84,9 +92,9 @@ def busy(sidecar: str | None, bare: str) -> bool:
     return False
 
 
-def wait_idle(sidecar: str | None, bare: str, timeout_s: float = 180.0) -> None:
+def wait_idle(sidecar: str | None, engines: list[str], timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while busy(sidecar, bare):
+    while busy(sidecar, engines):
         if time.monotonic() > deadline:
             fail(f"the sidecar or vLLM still holds requests after {timeout_s:.0f} s")
         time.sleep(0.5)
@@ -153,11 +161,11 @@ def summarize_run(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def measure_capacity(args: argparse.Namespace, out: Path) -> float:
-    wait_idle(None, args.bare)
+def measure_capacity(args: argparse.Namespace, url: str, out: Path) -> float:
+    wait_idle(None, args.engine)
     num = args.capacity_prompts
-    print(f"capacity: {num} prompts at once against the bare vLLM {args.bare} ...", flush=True)
-    result, _ = run_client(client_argv(args.bare, args, math.inf, num, args.seed + 999, []),
+    print(f"capacity: {num} prompts at once through {url} ...", flush=True)
+    result, _ = run_client(client_argv(url, args, math.inf, num, args.seed + 999, []),
                            out / "capacity.log")
     run = summarize_run(result)
     capacity = float(run["request_throughput"])
@@ -175,7 +183,7 @@ def fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def markdown(rows: list[dict[str, Any]], sidecars: list[str]) -> str:
+def markdown(rows: list[dict[str, Any]], fronts: list[str], baseline: str) -> str:
     head = ("| rate (req/s) | run | target | SLO headers | throughput (req/s) | output (tok/s) "
             "| goodput (req/s) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | completed / failed "
             "| 429 / 503 | dispatch gap p50 / p99 (ms) | load avg |")
@@ -195,19 +203,19 @@ def markdown(rows: list[dict[str, Any]], sidecars: list[str]) -> str:
     for rate in sorted({r["rate"] for r in rows}):
         group = [r for r in rows if r["rate"] == rate]
         means = {}
-        for target in [*sidecars, "vllm"]:
+        for target in [*fronts, baseline]:
             mine = [r for r in group if r["target"] == target]
             if mine:
                 means[target] = {k: sum(r[k] or 0.0 for r in mine) / len(mine)
                                  for k in ("request_throughput", "output_throughput",
                                            "request_goodput")}
-        for name in sidecars:
-            if name not in means or "vllm" not in means:
+        for name in fronts:
+            if name not in means or baseline not in means:
                 continue
-            ratio = {k: means[name][k] / means["vllm"][k] if means["vllm"][k] else math.inf
-                     for k in means["vllm"]}
+            base = means[baseline]
+            ratio = {k: means[name][k] / base[k] if base[k] else math.inf for k in base}
             lines.append(
-                f"- {rate:g} req/s: {name} / bare vLLM throughput "
+                f"- {rate:g} req/s: {name} / {baseline} throughput "
                 f"{ratio['request_throughput']:.2f}x (output tokens "
                 f"{ratio['output_throughput']:.2f}x), request goodput "
                 f"{ratio['request_goodput']:.2f}x")
@@ -221,6 +229,14 @@ def main() -> int:
                    help="the jitserve endpoint (default http://127.0.0.1:8080); repeat with "
                    "NAME=URL to compare several sidecars (e.g. settings) with the same vLLM")
     p.add_argument("--bare", default="http://127.0.0.1:8000", help="the vLLM behind it")
+    p.add_argument("--target", action="append", default=[], metavar="NAME=URL",
+                   help="a front to compare (repeat); with it the bare vLLM is no target")
+    p.add_argument("--engine", action="append", default=[], metavar="URL",
+                   help="an engine behind the fronts, waited idle on (repeat; default --bare)")
+    p.add_argument("--baseline", help="the target ratios are against (default: the bare "
+                   "vLLM, or the last --target)")
+    p.add_argument("--capacity-target", metavar="NAME",
+                   help="measure capacity through this target (default: the bare vLLM)")
     p.add_argument("--rates", help="comma-separated arrival rates (req/s)")
     p.add_argument("--loads", help="comma-separated loads x measured capacity (with --capacity)")
     p.add_argument("--capacity", action="store_true",
@@ -245,13 +261,33 @@ def main() -> int:
         fail(f"run this with the interpreter that has vLLM (e.g. "
              f"~/.cache/jitserve/vllm-venv/bin/python): {err}")
     sidecars: list[tuple[str, str]] = []
-    for item in args.sidecar or ["http://127.0.0.1:8080"]:
+    for item in args.sidecar or ([] if args.target else ["http://127.0.0.1:8080"]):
         name, sep, url = item.partition("=")
         sidecars.append((name, url.rstrip("/")) if sep else ("jitserve", item.rstrip("/")))
-    if len({name for name, _ in sidecars}) < len(sidecars) or "vllm" in dict(sidecars):
-        fail("--sidecar: give each sidecar its own NAME (not 'vllm'): NAME=URL")
+    fronts: list[tuple[str, str]] = []
+    for item in args.target:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            fail(f"--target {item!r}: give it as NAME=URL")
+        fronts.append((name, url.rstrip("/")))
+    names = [name for name, _ in [*sidecars, *fronts]]
+    if len(set(names)) < len(names) or "vllm" in names:
+        fail("--sidecar/--target: give each its own NAME (not 'vllm'): NAME=URL")
     args.bare = args.bare.rstrip("/")
-    for name, url in [(f"--sidecar {n}", u) for n, u in sidecars] + [("--bare", args.bare)]:
+    args.engine = [u.rstrip("/") for u in args.engine] or [args.bare]
+    targets = [*sidecars, *fronts] + ([] if fronts else [("vllm", args.bare)])
+    baseline = args.baseline or targets[-1][0]
+    if baseline not in dict(targets):
+        fail(f"--baseline {baseline!r} is not a target ({', '.join(dict(targets))})")
+    capacity_url = args.bare
+    if args.capacity_target:
+        if args.capacity_target not in dict(targets):
+            fail(f"--capacity-target {args.capacity_target!r} is not a target")
+        capacity_url = dict(targets)[args.capacity_target]
+    checks = [(f"--sidecar {n}", u) for n, u in sidecars]
+    checks += [(f"--target {n}", u) for n, u in fronts]
+    checks += [("--engine", u) for u in args.engine]
+    for name, url in checks + ([] if fronts else [("--bare", args.bare)]):
         status, text = get(url + "/v1/models")
         if status != 200:
             fail(f"{name} {url} does not answer GET /v1/models ({status}: {text[:200]})")
@@ -263,7 +299,7 @@ def main() -> int:
         fail(f"--tokenizer {args.tokenizer}: no such folder (jitserve up makes the tiny model)")
     args.out.mkdir(parents=True, exist_ok=True)
     rates: list[float] = []
-    capacity = measure_capacity(args, args.out) if args.capacity else None
+    capacity = measure_capacity(args, capacity_url, args.out) if args.capacity else None
     if args.rates:
         rates += [float(x) for x in args.rates.split(",") if x.strip()]
     if args.loads:
@@ -283,11 +319,12 @@ def main() -> int:
     for rate in rates:
         num = max(1, round(rate * args.duration))
         for round_ in range(1, args.rounds + 1):
-            order = [*sidecars, ("vllm", args.bare)]
+            order = targets
             # the order flips every round: whatever drifts during a round hits both ends
             for target, url in order if round_ % 2 else order[::-1]:
+                wait_idle(None, args.engine)
                 for _, sidecar_url in sidecars:
-                    wait_idle(sidecar_url, args.bare)
+                    wait_idle(sidecar_url, args.engine)
                 time.sleep(2.0)
                 seed = args.seed + len(rows)
                 load_start = os.getloadavg()[0]
@@ -303,7 +340,7 @@ def main() -> int:
                        "headers": bool(headers), "seed": seed, "num_prompts": num,
                        "load_start": load_start, "load_end": os.getloadavg()[0],
                        "client_warnings": warnings, **summarize_run(result)}
-                if target != "vllm":
+                if target in dict(sidecars):
                     row["dispatch_gap_ms"] = scheduler_state(url).get("dispatch_gap_ms")
                 rows.append(row)
                 print(f"  {row['request_throughput']:.2f} req/s, goodput "
@@ -312,7 +349,7 @@ def main() -> int:
                       + (f"; client warnings: {warnings}" if warnings else ""), flush=True)
                 (args.out / "results.json").write_text(json.dumps(
                     {"capacity_req_per_s": capacity, "runs": rows}, indent=2))
-    table = markdown(rows, [name for name, _ in sidecars])
+    table = markdown(rows, [name for name, _ in targets if name != baseline], baseline)
     (args.out / "results.md").write_text(table + "\n")
     print()
     print(table)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[dev,bench,analyzer,sidecar,operator]'
+.venv/bin/pip install -q -e '.[dev,bench,analyzer,sidecar,operator,gateway]'
 
 # Each component's setup script is idempotent and caches its work outside the clone. They
 # run at once, beside the lint and type checks: the Kubernetes build is CPU, the vLLM

@@ -15,10 +15,11 @@ import pytest
 from tests.support.vllm import shared_vllm_url
 
 SHARED_FIXTURE_GROUPS = {"vllm_url": "vllm", "cluster": "k8s", "own_vllm": "own-vllm",
-                         "greedy_vllm": "greedy-vllm"}
+                         "greedy_vllm": "greedy-vllm", "fleet_vllm": "fleet-vllm", "fuzzed": "fuzz"}
 """A test that uses one of these fixtures (the session's vLLM, its API server, the fault
-tests' private vLLM) runs in the worker that owns it; a test that uses more than one
-goes with the first."""
+tests' private vLLM, the fuzz module's sidecar: its last test counts the cases the others
+ran) runs in the worker that owns it; a test that uses more than one goes with the
+first."""
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,8 @@ def _parser_of(*path: str) -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize("path", [("sidecar", "serve"), ("up",), ("operator",), ("bench",),
-                                  ("analyzer", "serve"), ("sidecar", "proxy-overhead")])
+                                  ("analyzer", "serve"), ("sidecar", "proxy-overhead"),
+                                  ("picker",)])
 def test_every_option_with_a_default_shows_it(path: tuple[str, ...]) -> None:
     parser = _parser_of(*path)
     for action in parser._actions:

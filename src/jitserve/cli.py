@@ -24,6 +24,8 @@ COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("analyzer", "jitserve.analyzer.cli", "analyzer"),
     ("sidecar", "jitserve.sidecar.cli", "sidecar"),
     ("up", "jitserve.devstack.up", "sidecar"),
+    ("gateway", "jitserve.gateway.cli", "sidecar"),
+    ("picker", "jitserve.gateway.picker_cli", "gateway"),
     ("operator", "jitserve.operator.cli", "operator"),
     ("crd", "jitserve.operator.crd", ""),
 )

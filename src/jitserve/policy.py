@@ -13,7 +13,8 @@ tenant weights), ``admission`` (waiting time, queue cap, overload action), ``lim
 and the serving sections the operator reads (``model``, ``pod``, ``replicas``,
 ``ingress``, ``reporting``). Every field carries a description: the CRD's ``kubectl
 explain`` text is generated from them. The pod-level knobs (env from Secrets,
-scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`.
+scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`, the SLO defaults and
+classes in :mod:`jitserve.policy_slo`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
-from jitserve.policy_base import DNSLabel, Seconds
+from jitserve.policy_base import DNSLabel, Seconds, cel
 from jitserve.policy_base import SpecModel as _Model
 from jitserve.policy_pod import PodSettings, pod_problems, pod_webhook_problems
 from jitserve.policy_scheduler import (
@@ -43,7 +44,15 @@ from jitserve.policy_serving import (
     ReportingSettings,
     SidecarSpec,
 )
-from jitserve.policy_status import Attainment, Condition, ConditionType, SLOPolicyStatus
+from jitserve.policy_slo import LatencyDefaults, SLOClass, SLODefaults
+from jitserve.policy_status import (
+    Attainment,
+    Condition,
+    ConditionType,
+    GatewayStatus,
+    ReplicaStatus,
+    SLOPolicyStatus,
+)
 
 # the sections live in policy_* modules; this module is the model's one public face
 __all__ = [
@@ -52,125 +61,17 @@ __all__ = [
     "ConditionType",
     "CutoffMode",
     "CutoffSettings",
+    "GatewayStatus",
+    "LatencyDefaults",
     "MechanismSettings",
     "Objective",
     "PreemptionSettings",
     "PullPolicy",
+    "ReplicaStatus",
+    "SLOClass",
+    "SLODefaults",
     "SLOPolicyStatus",
 ]
-from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
-
-
-class LatencyDefaults(_Model):
-    ttft_seconds: Seconds = Field(
-        default=2.0, description="Time to first token target (paper: P95 of real API calls)."
-    )
-    tbt_seconds: Seconds = Field(default=0.1, description="Time between tokens target.")
-
-
-def cel(*rules: tuple[str, str]) -> ConfigDict:
-    """A model's CEL ``x-kubernetes-validations`` (rule, message): the API server checks
-    them (Kubernetes >= 1.25); the Python check next to each is the same rule, for the
-    webhook on older API servers and for the reconciler's ``Degraded`` condition."""
-    return ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
-        }
-    )
-
-
-class SLOClass(_Model):
-    """A named SLO class tenants can ask for (e.g. ``interactive``, ``batch``)."""
-
-    model_config = cel(
-        (
-            "self.kind != 'latency' || (has(self.ttftSeconds) && has(self.tbtSeconds))",
-            "kind latency needs ttftSeconds and tbtSeconds",
-        ),
-        (
-            "!(self.kind in ['deadline', 'compound']) || has(self.deadlineSeconds)",
-            "kind deadline and compound need deadlineSeconds",
-        ),
-    )
-
-    name: DNSLabel = Field(description="Class name requests ask for (slo.class, x-slo-class).")
-    kind: SLOKind = Field(description="latency, deadline, compound or best_effort.")
-    ttft_seconds: Seconds | None = Field(default=None, description="TTFT target (latency).")
-    tbt_seconds: Seconds | None = Field(default=None, description="TBT target (latency).")
-    deadline_seconds: Seconds | None = Field(
-        default=None, description="End-to-end deadline (deadline), whole program (compound)."
-    )
-
-    @model_validator(mode="after")
-    def _fields_match_kind(self) -> SLOClass:
-        if self.kind is SLOKind.LATENCY and (self.ttft_seconds is None or self.tbt_seconds is None):
-            raise ValueError(f"class {self.name}: kind latency needs ttftSeconds and tbtSeconds")
-        if self.kind in (SLOKind.DEADLINE, SLOKind.COMPOUND) and self.deadline_seconds is None:
-            raise ValueError(f"class {self.name}: kind {self.kind.value} needs deadlineSeconds")
-        return self
-
-
-class SLODefaults(_Model):
-    """SLOs of requests that carry none, and named SLO classes."""
-
-    model_config = cel(
-        (
-            "!has(self.defaultClass) || self.classes.exists(c, c.name == self.defaultClass)",
-            "sloDefaults.defaultClass: not in sloDefaults.classes",
-        ),
-    )
-
-    latency: LatencyDefaults = Field(
-        default=LatencyDefaults(), description="Defaults of latency requests (TTFT, TBT)."
-    )
-    deadline_seconds: Seconds = Field(
-        default=20.0, description="End-to-end latency target of deadline requests."
-    )
-    compound_seconds_per_stage: Seconds = Field(
-        default=20.0, description="Compound deadline = this x number of stages."
-    )
-    best_effort_deadline_seconds: Seconds = Field(
-        default=120.0,
-        description="Deadline given to requests without an SLO, so they never starve.",
-    )
-    classes: list[SLOClass] = Field(
-        default_factory=list, max_length=64, description="Named SLO classes requests can ask for."
-    )
-    default_class: DNSLabel | None = Field(
-        default=None,
-        description=(
-            "SLO class of requests that carry no SLO fields (a tenant's own defaultClass wins);"
-            " none: best effort with bestEffortDeadlineSeconds."
-        ),
-    )
-
-    def unspecified_class(self, tenant_default: str | None) -> str | None:
-        """The class of a request without SLO fields: the tenant's, else the policy's."""
-        return tenant_default or self.default_class
-
-    def slo_for(self, kind: SLOKind, stages: int = 1) -> SLO:
-        """The default SLO of ``kind``."""
-        if kind is SLOKind.LATENCY:
-            return LatencySLO(self.latency.ttft_seconds, self.latency.tbt_seconds)
-        if kind is SLOKind.DEADLINE:
-            return DeadlineSLO(self.deadline_seconds)
-        if kind is SLOKind.COMPOUND:
-            return CompoundSLO(self.compound_seconds_per_stage * stages)
-        return DeadlineSLO(self.best_effort_deadline_seconds, best_effort=True)
-
-    def class_slo(self, name: str) -> SLO | None:
-        for cls in self.classes:
-            if cls.name == name:
-                if cls.kind is SLOKind.LATENCY:
-                    assert cls.ttft_seconds is not None and cls.tbt_seconds is not None
-                    return LatencySLO(cls.ttft_seconds, cls.tbt_seconds)
-                if cls.kind is SLOKind.BEST_EFFORT:
-                    return self.slo_for(SLOKind.BEST_EFFORT)
-                assert cls.deadline_seconds is not None
-                if cls.kind is SLOKind.COMPOUND:
-                    return CompoundSLO(cls.deadline_seconds)
-                return DeadlineSLO(cls.deadline_seconds)
-        return None
 
 
 class TenantSpec(_Model):

@@ -3,7 +3,7 @@ wire, frozen, unknown fields refused)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -21,3 +21,16 @@ class SpecModel(BaseModel):
 
 
 Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+def cel(*rules: tuple[str, str], **config: Unpack[ConfigDict]) -> ConfigDict:
+    """A model's CEL ``x-kubernetes-validations`` (rule, message): the API server checks
+    them (Kubernetes >= 1.25); the Python check next to each is the same rule, for the
+    webhook on older API servers and for the reconciler's ``Degraded`` condition.
+    ``config``: more of the model's config (e.g. ``extra="allow"``), over SpecModel's."""
+    return ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
+        },
+        **config,
+    )

@@ -6,8 +6,9 @@ policy in plain text), scheduling (nodeSelector, tolerations, affinity, runtime 
 priority class), image pull Secrets, extra volumes and mounts, and a persistent model cache
 instead of an ``emptyDir``. Wire names are camelCase and follow the Kubernetes Pod API, so
 an SRE can paste from a Pod spec. Cross-field rules are CEL ``x-kubernetes-validations``
-on the models (:func:`cel`) and, the same rules in Python, :func:`pod_problems`; what CEL
-cannot see (the volume source of an open-ended volume) is :func:`pod_webhook_problems`.
+on the models (:func:`~jitserve.policy_base.cel`) and, the same rules in Python,
+:func:`pod_problems`; what CEL cannot see (the volume source of an open-ended volume) is
+:func:`pod_webhook_problems`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from jitserve.policy_base import SpecModel as _Model
+from jitserve.policy_base import cel
 
 DNSSubdomain = Annotated[
     str,
@@ -49,24 +52,8 @@ RESERVED_MOUNT_PATHS = ("/cache", "/tmp", "/dev/shm", "/etc/jitserve", "/etc/jit
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "jitserve.io/")
 
 
-def cel(*rules: tuple[str, str], **config: Any) -> ConfigDict:
-    """A model config with CEL ``x-kubernetes-validations`` (rule, message)."""
-    extra: dict[str, Any] = {
-        "x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]
-    }
-    made = ConfigDict(json_schema_extra=extra)
-    made.update(config)  # type: ignore[typeddict-item]
-    return made
-
-
 def _cel_list(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{x}'" for x in items) + "]"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class KeyRef(_Model):
@@ -170,7 +157,7 @@ class LocalObjectReference(_Model):
     name: DNSSubdomain = Field(description="Name of the Secret.")
 
 
-class ExtraVolume(BaseModel):
+class ExtraVolume(_Model):
     """A volume of the serving pod, as in a Kubernetes Pod spec: a ``name`` and one volume
     source (secret, configMap, persistentVolumeClaim, csi, nfs, ...), passed on verbatim."""
 
@@ -179,10 +166,7 @@ class ExtraVolume(BaseModel):
             f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
             "pod.volumes[].name: the operator's own volume",
         ),
-        alias_generator=to_camel,
-        populate_by_name=True,
         extra="allow",
-        frozen=True,
     )
 
     name: VolumeName = Field(description="Volume name, referred to by volumeMounts.")

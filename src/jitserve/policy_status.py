@@ -11,6 +11,10 @@ from pydantic import Field
 from jitserve.policy_base import Fraction
 from jitserve.policy_base import SpecModel as _Model
 
+MAX_REPLICA_STATUS = 2000
+"""Pods listed in ``status.replicaStatus`` (``spec.replicas`` is at most 1000; a rollout
+may run both versions' pods)."""
+
 
 class ConditionType(StrEnum):
     READY = "Ready"
@@ -48,6 +52,28 @@ class Attainment(_Model):
     overall: Fraction | None = Field(default=None, description="All requests together.")
 
 
+class ReplicaStatus(_Model):
+    """One serving pod (``status.replicaStatus``): its readiness as the kubelet reports it."""
+
+    name: str = Field(max_length=253, description="The pod's name.")
+    ready: bool = Field(description="The pod's Ready condition is True (its sidecar's /ready).")
+    reason: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why it is not ready: a container's waiting reason (CrashLoopBackOff...), "
+        "Terminating, or the pod's phase or Ready reason.",
+    )
+    pod_ip: str | None = Field(default=None, alias="podIP", max_length=64,
+                               description="The pod's IP.")
+
+
+class GatewayStatus(_Model):
+    """The fleet's gateway (``spec.replicas`` > 1): its Deployment's readiness."""
+
+    replicas: int = Field(default=0, ge=0, description="Desired gateway pods.")
+    ready_replicas: int = Field(default=0, ge=0, description="Gateway pods that are ready.")
+
+
 class SLOPolicyStatus(_Model):
     """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
 
@@ -63,6 +89,18 @@ class SLOPolicyStatus(_Model):
     ready_replicas: int = Field(default=0, ge=0, description="Serving pods that are ready.")
     selector: str | None = Field(
         default=None, description="Label selector of the serving pods (scale subresource)."
+    )
+    replica_status: list[ReplicaStatus] = Field(
+        default_factory=list,
+        max_length=MAX_REPLICA_STATUS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Each serving pod by name and whether it is ready (the first "
+        f"{MAX_REPLICA_STATUS} by name).",
+    )
+    gateway: GatewayStatus | None = Field(
+        default=None,
+        description="The gateway in front of the serving pods (spec.replicas > 1; absent "
+        "with one pod).",
     )
     effective_cutoff: float | None = Field(
         default=None, ge=0, le=1, description="Mean p the sidecars use now."

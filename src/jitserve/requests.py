@@ -127,6 +127,9 @@ class Phase(Enum):
     RUNNING = "running"
     FINISHED = "finished"
     RETIRED = "retired"
+    WITHDRAWN = "withdrawn"
+    """A copy that left one replica's queue unstarted, without an outcome (late binding:
+    :meth:`jitserve.serving.lifecycle.Lifecycle.withdraw`)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -74,6 +74,24 @@ def test_restart_keeps_history_and_model(tmp_path: Path) -> None:
     assert share_after == pytest.approx(share, abs=1e-3)  # stage times are stored in ms
 
 
+class TrailingReader(ServerProcess):
+    """Its output reader runs a second after the process exited: a thread a busy machine
+    did not schedule (the injected fault, not a wait for anything)."""
+
+    def _drain(self) -> None:
+        self.process.wait()
+        time.sleep(1.0)
+        super()._drain()
+
+
+def test_stop_returns_with_every_line_the_process_wrote(tmp_path: Path) -> None:
+    """stop() waits for the reader: the shutdown's last line is in the output (before, it
+    returned at the exit, and a restart test found no "checkpointed" line)."""
+    server = TrailingReader(tmp_path, *FAST)
+    assert server.stop() == 0, "".join(server.output)
+    assert "analyzer stopped; state checkpointed" in "".join(server.output)
+
+
 def test_eval_writes_the_acceptance_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             ) -> None:
     out = tmp_path / "eval"

@@ -23,9 +23,11 @@ from jitserve.bench.live import slo_headers
 from jitserve.cli import main
 from jitserve.devstack import vllm as vl
 from tests.support.http import get_json, post
+from tests.support.ports import DeadPort
 from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import body_timeout
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = body_timeout(300)
 
 
 @pytest.fixture
@@ -57,7 +59,13 @@ def test_live_compare_runs_both_targets_alternately(
     requests = len(uniform_workload(2, 3, 1))
     for r in runs:
         assert r["requests"] == requests  # every work item scored, whatever the target
-        assert r["status_counts"] == {"200": requests}
+        # the bare vLLM serves all; the sidecar serves all or, on a machine too busy for
+        # a request's TTFT, retires it with 429 + Retry-After (its overload control judges
+        # the speed it measures, which no test can promise)
+        allowed = {"200"} if r["target"] == "vllm" else {"200", "429"}
+        assert set(r["status_counts"]) <= allowed, r["status_counts"]
+        assert sum(r["status_counts"].values()) == requests
+        assert r["refused_without_retry_after"] == 0
         assert r["refused_without_retry_after"] == 0
         assert set(r["attainment"]) == {"latency", "overall"}
     # the sidecar's /debug/scheduler figures come with its rows only (None: no slot was
@@ -75,9 +83,9 @@ def test_live_compare_refuses_bad_targets(vllm_url: str, tmp_path: Path,
             "1", "--out", str(tmp_path)]
     assert main(args) == 2
     assert "name the same URL" in capsys.readouterr().err
-    dead = f"http://127.0.0.1:{vl.free_port()}"
-    assert main(["bench", "--live", dead, "--live-bare", vllm_url, "--rate", "1",
-                 "--duration", "1", "--out", str(tmp_path)]) == 2
+    with DeadPort() as dead:
+        assert main(["bench", "--live", dead.url, "--live-bare", vllm_url, "--rate", "1",
+                     "--duration", "1", "--out", str(tmp_path)]) == 2
     assert "does not answer GET /v1/models" in capsys.readouterr().err
 
 
@@ -111,8 +119,8 @@ def test_vllm_utility_routes_answer_like_vllm(sidecar: SidecarProcess, vllm_url:
 def test_vllm_utility_routes_without_backend_are_503_with_retry_after(tmp_path: Path) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text("{}")
-    dead = f"http://127.0.0.1:{vl.free_port()}"
-    s = SidecarProcess(dead, config=config)
+    dead = DeadPort()  # held: nothing answers there, and nobody can take it
+    s = SidecarProcess(dead.url, config=config)
     try:
         assert vl.wait_http_ok(s.url + "/health", 60, s.proc)
         status, headers, doc = post(s.url + "/tokenize", {"model": "m", "prompt": "x"})
@@ -120,3 +128,4 @@ def test_vllm_utility_routes_without_backend_are_503_with_retry_after(tmp_path: 
         assert doc["error"]["code"] == "backend_unavailable"
     finally:
         s.close()
+        dead.close()

@@ -38,6 +38,12 @@ def test_a_normal_stop_leaves_no_watchdog_behind() -> None:
 
     proc = vl.start_process(["sleep", "600"], None)
     vl.stop_process(proc)
-    mine = f"jitserve-watchdog {os.getpid()} {proc.pid}"
-    wait_until("its watchdog to exit", lambda: mine not in subprocess.run(
-        ["ps", "-eo", "args"], capture_output=True, text=True).stdout, 60)
+    # Its command line ends with these three words; a substring test would also match a
+    # watchdog of a pid that begins with proc.pid's digits.
+    mine = ["jitserve-watchdog", str(os.getpid()), str(proc.pid)]
+
+    def gone() -> bool:
+        listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        return all(line.split()[-3:] != mine for line in listing.splitlines())
+
+    wait_until("its watchdog to exit", gone, 60)

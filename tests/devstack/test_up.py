@@ -9,16 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from jitserve.analyzer.client import AnalyzerClient
 from jitserve.devstack import vllm as vl
-from tests.support.http import get_json, get_text, metric, stream
+from tests.support.http import get_json, get_text, metric, metric_total, stream
 from tests.support.processes import alive
-from tests.support.waiting import wait_until
+from tests.support.waiting import body_timeout, wait_until
 
-pytestmark = pytest.mark.timeout(900)
-
+pytestmark = body_timeout(900)
 
 
 def test_up_fronts_a_backend_with_the_analyzer(vllm_url: str, tmp_path: Path) -> None:
@@ -68,25 +65,47 @@ def test_up_fronts_a_backend_with_the_analyzer(vllm_url: str, tmp_path: Path) ->
                 assert time.monotonic() < deadline, "the analyzer never became ready"
                 time.sleep(0.5)
             observed_before = stats.observed_total
-        for n in (8, 12, 16):
-            result = stream(
-                url,
-                {
-                    "prompt": "hello world",
-                    "max_tokens": n,
-                    "ignore_eos": True,
-                    "slo": {"kind": "deadline", "deadline_s": 30},
-                },
-            )
-            assert result.status == 200 and len(result.token_ids) == n
+            send_failures = "jitserve_analyzer_client_send_failures_total"
+            failed_before = metric_total(get_text(url + "/metrics"), send_failures,
+                                         call="observe")
+
+            def landed(sent: int) -> tuple[int, float] | None:
+                """(observed, failed) once every sent completion's observation has either
+                reached the analyzer or been counted as a failed send: the sidecar's client
+                gives a send 0.1 s, and one late on a busy machine opens its breaker for a
+                second, so a completion may legitimately not arrive."""
+                now = client.stats()
+                failed = metric_total(get_text(url + "/metrics"), send_failures,
+                                      call="observe") - failed_before
+                if now is None:
+                    return None
+                observed = now.observed_total - observed_before
+                return (observed, failed) if observed + failed >= sent else None
+
+            # The subject is the wiring: streams (a bounded number) until the analyzer has
+            # received three of their completions from the sidecar.
+            sent, observed = 0, 0
+            while observed < 3:
+                assert sent < 30, f"{sent} streams sent, the analyzer observed {observed}"
+                n = (8, 12, 16)[sent % 3]
+                result = stream(
+                    url,
+                    {
+                        "prompt": "hello world",
+                        "max_tokens": n,
+                        "ignore_eos": True,
+                        "slo": {"kind": "deadline", "deadline_s": 30},
+                    },
+                )
+                assert result.status == 200 and len(result.token_ids) == n
+                sent += 1
+                observed, _ = wait_until("the completion observed or its send counted failed",
+                                         lambda s=sent: landed(s), 120)
         assert get_json(url + "/ready")[0] == 200
         text = get_text(url + "/metrics")
-        assert metric(text, "jitserve_analyzer_fallbacks_total") == 0  # no local bound
-        with AnalyzerClient(f"127.0.0.1:{analyzer_port}", timeout_s=5) as client:
-            wait = time.monotonic() + 120
-            while (stats := client.stats()) is None or stats.observed_total < observed_before + 3:
-                assert time.monotonic() < wait, "the analyzer did not receive the completions"
-                time.sleep(0.2)
+        # The sidecar has an analyzer client: no bound came from the local estimator for
+        # want of one (a slow analyzer call falls back inside the client, counted apart).
+        assert metric(text, "jitserve_analyzer_fallbacks_total") == 0
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)

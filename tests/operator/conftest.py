@@ -8,6 +8,7 @@ from tests.support.operator_session import (  # noqa: F401 (fixtures)
     MEASURED,
     admin,
     cluster,
+    kubectl,
     operator_kubeconfig,
     operator_log,
     session_operator,

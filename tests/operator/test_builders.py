@@ -198,15 +198,20 @@ def test_admin_port_in_the_pod_not_in_the_service_or_ingress() -> None:
     paths = children["Ingress"]["spec"]["rules"][0]["http"]["paths"]
     assert [p["backend"]["service"]["port"] for p in paths] == [{"name": "http"}]
     network = children["NetworkPolicy"]["spec"]
-    open_rule, watched = network["ingress"]
+    open_rule, placers, watched = network["ingress"]
     assert open_rule == {"ports": [{"protocol": "TCP", "port": "http"}]}
+    # the policy's own gateway and endpoint picker read the replica report on the admin port
+    assert placers["ports"] == [{"protocol": "TCP", "port": c.ADMIN_PORT_NAME}]
+    assert placers["from"] == [{"podSelector": {"matchExpressions": [
+        {"key": c.LABEL_POLICY, "operator": "In", "values": ["chat"]},
+        {"key": c.LABEL_COMPONENT, "operator": "In", "values": ["gateway", "picker"]}]}}]
     assert {p["port"] for p in watched["ports"]} == {c.ADMIN_PORT_NAME, "vllm"}
     assert [f["namespaceSelector"]["matchLabels"] for f in watched["from"]] == [
         {c.NAMESPACE_NAME_LABEL: "monitoring"}
     ]
     with_operator = b.OperatorSettings(operator_namespace="jitserve-system")
     assert b.watcher_namespaces(with_operator) == ["monitoring", "jitserve-system"]
-    froms = b.build_network_policy(REF, ["a", "b"])["spec"]["ingress"][1]["from"]
+    froms = b.build_network_policy(REF, ["a", "b"])["spec"]["ingress"][2]["from"]
     assert [f["namespaceSelector"]["matchLabels"][c.NAMESPACE_NAME_LABEL] for f in froms] == [
         "a", "b"]
 

@@ -19,6 +19,7 @@ from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
 from jitserve.policy import load_policy
 from scripts import render_manifests as render
+from tests.support.gaie import install_inference_pool_crd
 from tests.support.kube_fake import serving as serving_spec
 from tests.support.operator_session import API_PATHS, ensure_namespace
 
@@ -100,6 +101,8 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
         }
     },
     "no-webhook-no-metrics": {"webhook": {"enabled": False}, "metrics": {"enabled": False}},
+    "inference-pool": {"inferencePool": {"enabled": True, "policy": "chat", "namespace": "team-a",
+                                         "failureMode": "FailOpen"}},
     "monitoring": MONITORING_ON,
 }
 # Kinds the test cluster cannot validate: the prometheus-operator's CRDs are not installed.
@@ -136,9 +139,36 @@ def test_values_schema_rejects_bad_values() -> None:
         {"webhook": {"enabled": True, "port": 9443, "failurePolicy": "Fail", "url": "http://x"}},
         {"monitoring": {"prometheusRule": {"enabled": True, "objective": 1.5}}},
         {"monitoring": {"podMonitor": {"enabled": True, "interval": "often"}}},
+        {"inferencePool": {"enabled": True, "policy": "chat", "sidecarPort": 8080,
+                           "sidecarAdminPort": 9090, "failureMode": "Sometimes",
+                           "picker": {"replicas": 2, "port": 9002, "placement": "power-of-k"}}},
+        {"inferencePool": {"enabled": True, "policy": "Not_A_Name", "sidecarPort": 8080,
+                           "sidecarAdminPort": 9090, "failureMode": "FailOpen",
+                           "picker": {"replicas": 2, "port": 9002, "placement": "power-of-k"}}},
     ):
         with pytest.raises(helm.HelmError):
             chart.validate_schema(bad)
+
+
+def test_the_inference_pool_is_off_by_default_and_needs_its_policy() -> None:
+    assert not [d for d in render.render_documents() if d["kind"] == "InferencePool"]
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmError, match=r"inferencePool\.policy: name the SLOPolicy"):
+        chart.render({"inferencePool": {"enabled": True}})
+    docs = _by_kind(render.render_documents(VARIANTS["inference-pool"]))
+    (pool,) = docs["InferencePool"]
+    assert pool["metadata"]["namespace"] == "team-a"
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+    # the pool selects the pods the operator labels as the policy's serving pods
+    assert pool["spec"]["selector"]["matchLabels"] == b.selector_labels("chat")
+    picker = next(d for d in docs["Deployment"] if d["metadata"]["name"] == "chat-picker")
+    labels = picker["spec"]["template"]["metadata"]["labels"]
+    # ... and its picker pods are the ones the operator's NetworkPolicy admits to the
+    # sidecars' admin port (their replica reports)
+    admitted = b.build_network_policy(b.PolicyRef("chat", "team-a", "u"), [])
+    (selector,) = admitted["spec"]["ingress"][1]["from"]
+    for rule in selector["podSelector"]["matchExpressions"]:
+        assert labels[rule["key"]] in rule["values"]
 
 
 def test_webhook_url_without_its_ca_fails_to_render() -> None:
@@ -161,7 +191,10 @@ def test_default_rbac_is_namespaced_cluster_wide_is_explicit() -> None:
     assert all("*" not in v for v in verbs.values())
     assert verbs[("", "secrets")] == {"get", "create", "patch"}
     assert verbs[("", "pods")] == {"list"}
-    assert "delete" not in verbs[("apps", "deployments")]
+    # deletes only what a spec can take away: the Ingress, the fleet's gateway
+    deleters = {key for key, v in verbs.items() if "delete" in v}
+    assert deleters == {("networking.k8s.io", "ingresses"), ("apps", "deployments"),
+                        ("", "services")}
     assert "update" not in verbs[("apps", "deployments")]  # server-side apply: patch
 
     scoped = _by_kind(render.render_documents({"watchNamespaces": ["team-a", "team-b"]}))
@@ -297,6 +330,8 @@ def test_rendered_objects_pass_server_side_validation(
     for ns in (render.NAMESPACE, "team-a", "team-b", "monitoring"):
         ensure_namespace(admin, ns)
     docs = render.render_documents(values)
+    if any(doc["kind"] == "InferencePool" for doc in docs):
+        install_inference_pool_crd(admin)  # the cluster's gateway would have installed it
     checked = 0
     for doc in docs:
         if doc["kind"] == "CustomResourceDefinition":

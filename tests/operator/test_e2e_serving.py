@@ -97,8 +97,9 @@ def test_sidecar_b_is_vllms_and_only_the_api_port_is_routed(
         )
         assert network["spec"]["podSelector"]["matchLabels"] == b.selector_labels(name)
         assert network["spec"]["policyTypes"] == ["Ingress"]
-        clients, watchers = network["spec"]["ingress"]
+        clients, placers, watchers = network["spec"]["ingress"]
         assert clients == {"ports": [{"protocol": "TCP", "port": "http"}]}
+        assert placers["ports"] == [{"protocol": "TCP", "port": c.ADMIN_PORT_NAME}]
         assert {p["port"] for p in watchers["ports"]} == {c.ADMIN_PORT_NAME, "vllm"}
         assert watchers["from"][0]["namespaceSelector"]["matchLabels"] == {
             c.NAMESPACE_NAME_LABEL: "monitoring"
@@ -261,10 +262,16 @@ def test_with_tenant_keys_the_attainment_column_fills_from_the_admin_port(
             # A met deadline request's goodput is its prompt and its output (goodput.py).
             tokens[tenant] = int(usage["prompt_tokens"]) + int(usage["completion_tokens"])
 
-        wait_until("a scrape after both requests",
-                   lambda: status().get("recentRequests") == 2, timeout_s=60)
-        cell = _table_cell(admin, name, "Attainment")  # what `kubectl get slop` prints
-        assert cell is not None and float(cell) == 1.0
+        def shown() -> Any:
+            # What `kubectl get slop` prints, once a scrape after both requests is in (read
+            # in the same wait: a failed scrape later empties the status's figures).
+            if status().get("recentRequests") != 2:
+                return None
+            cell = _table_cell(admin, name, "Attainment")
+            return None if cell is None else (cell,)
+
+        (cell,) = wait_until("a scrape after both requests, in the table", shown, timeout_s=60)
+        assert float(cell) == 1.0
 
         code, text = _call(admin_url + "/metrics", None)
         assert code == 200

@@ -271,7 +271,6 @@ def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_aler
         relay.release()
         codes = sent.result(timeout=300)
     assert 429 in codes and 200 in codes, codes
-    # So far the error ratio (retired / counted) stays under the alert's threshold.
     wait_until(
         "the 12 requests in Prometheus",
         lambda: [r for r in prometheus.query("sum(jitserve_requests_total)")
@@ -284,7 +283,18 @@ def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_aler
         lambda: all(_evaluated_at(group) > scraped for group in prometheus.api("rules")["groups"]),
         timeout_s=120,
     )
-    assert prometheus.query('ALERTS{alertname="JitserveSLOBurnRateFast"}') == []
+    # Whether the burst's retirements alone cross the threshold depends on which scrape
+    # first exposed the retired series (rate() cannot see a series' first increments) and
+    # on how the windows slide; so the misses start only once the burst has left the short
+    # window (no request counted there: the ratio is not a number) and the alert is quiet:
+    # from then on, what the short window holds is the induced misses alone.
+    wait_until(
+        "the burst out of the short window, the alert quiet",
+        lambda: not any(math.isfinite(float(r["value"][1]))
+                        for r in prometheus.query("jitserve:slo_error_ratio:rate10s"))
+        and not prometheus.query('ALERTS{alertname="JitserveSLOBurnRateFast"}'),
+        timeout_s=120,
+    )  # fmt: skip
     # The induced SLO miss: a first token within 1 ms is impossible; keep it up until the
     # alert fires (the short window needs fresh misses).
     stop = threading.Event()
@@ -296,13 +306,18 @@ def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_aler
     thread = threading.Thread(target=miss, daemon=True)
     thread.start()
     induced = time.monotonic()
+
+    def fired() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        # The short window's ratio read while the misses still come (once they stop, it
+        # is 0/0 within 10 s).
+        firing = prometheus.query('ALERTS{alertname="JitserveSLOBurnRateFast",'
+                                  'alertstate="firing"}')  # fmt: skip
+        ratios = [r for r in prometheus.query("jitserve:slo_error_ratio:rate10s")
+                  if math.isfinite(float(r["value"][1]))]  # fmt: skip
+        return (firing, ratios) if firing and ratios else None
+
     try:
-        firing = wait_until(
-            "JitserveSLOBurnRateFast firing",
-            lambda: prometheus.query('ALERTS{alertname="JitserveSLOBurnRateFast",'
-                                     'alertstate="firing"}'),
-            timeout_s=90,
-        )  # fmt: skip
+        firing, ratios = wait_until("JitserveSLOBurnRateFast firing", fired, timeout_s=90)
     finally:
         stop.set()
         thread.join(timeout=30)
@@ -310,7 +325,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_fires_the_burn_rate_aler
     (alert,) = firing
     assert alert["metric"]["namespace"] == "e2e" and alert["metric"]["policy"] == "live"
     assert alert["metric"]["severity"] == "critical"
-    (ratio,) = prometheus.query("jitserve:slo_error_ratio:rate10s")
+    (ratio,) = ratios
     assert float(ratio["value"][1]) > 14.4 * 0.05
 
     # Every dashboard query: at least one series, and a number (not NaN) in it.

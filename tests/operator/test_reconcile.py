@@ -10,6 +10,7 @@ from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator.reconcile import Scraper, is_subset, reconcile
 from tests.support.kube_fake import FakeKube, serving
+from tests.support.waiting import wait_until
 
 SETTINGS = b.OperatorSettings()
 NS = "team-a"
@@ -249,17 +250,15 @@ def test_controller_resync_reconciles_known_policies_and_forgets_deleted_ones() 
     stop = threading.Event()
     thread = threading.Thread(target=controller.resync_forever, args=(stop,))
     thread.start()
-    deadline = 100
-    while (
-        ("apps/v1", "Deployment", NS, "chat") not in kube.objects
-        or controller.known() != [(NS, "chat")]
-    ) and deadline:
-        stop.wait(0.02)
-        deadline -= 1
-    stop.set()
-    thread.join(timeout=5)
-    assert ("apps/v1", "Deployment", NS, "chat") in kube.objects
-    assert controller.known() == [(NS, "chat")]
+    try:
+        wait_until(
+            "a resync that reconciled chat and forgot gone",
+            lambda: ("apps/v1", "Deployment", NS, "chat") in kube.objects
+            and controller.known() == [(NS, "chat")],
+        )
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def test_server_side_apply_removes_what_the_policy_no_longer_sets() -> None:
@@ -297,3 +296,38 @@ def test_server_side_apply_removes_what_the_policy_no_longer_sets() -> None:
     pod = kube.objects[("apps/v1", "Deployment", NS, "chat")]["spec"]["template"]["spec"]
     assert "tolerations" not in pod
     assert reconcile(kube, fresh(kube, "chat"), SETTINGS).writes == []
+
+
+def test_analyzer_owners_in_the_api_servers_order_are_not_drift() -> None:
+    """Server-side apply keeps an ownerReferences list in its live order and appends a new
+    owner; the operator sorts the owners by uid. With a newer policy whose uid sorts first,
+    every reconcile of either policy re-applied the analyzer (the real API server's order
+    never matched), a write each resync, forever."""
+    kube = FakeKube()
+    for name, uid in (("zeta", "uid-z"), ("alpha", "uid-a")):  # the newer uid sorts first
+        kube.add(
+            {
+                "apiVersion": c.API_VERSION,
+                "kind": c.KIND,
+                "metadata": {"name": name, "namespace": NS, "uid": uid},
+                "spec": serving(),
+            }
+        )
+        reconcile(kube, fresh(kube, name), SETTINGS)
+    analyzer = kube.objects[("apps/v1", "Deployment", NS, c.ANALYZER_NAME)]
+    assert [o["uid"] for o in analyzer["metadata"]["ownerReferences"]] == ["uid-z", "uid-a"]
+    kube.writes.clear()
+    for name in ("zeta", "alpha"):
+        assert reconcile(kube, fresh(kube, name), SETTINGS).writes == []
+    assert kube.writes == []
+
+
+def test_lists_are_matched_by_merge_key_else_by_position() -> None:
+    owners = [{"uid": "b", "name": "x"}, {"uid": "a", "name": "y"}]
+    assert is_subset(owners, list(reversed(owners)))
+    assert not is_subset(owners, [owners[0], {"uid": "c", "name": "y"}])
+    assert is_subset([{"name": "A", "value": "1"}], [{"name": "A", "value": "1", "x": 2}])
+    assert not is_subset([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                         [{"name": "B", "value": "1"}, {"name": "A", "value": "2"}])
+    assert not is_subset(["a", "b"], ["b", "a"])  # args: order is meaning
+    assert not is_subset([{"port": 1}, {"port": 2}], [{"port": 2}, {"port": 1}])

@@ -3,6 +3,10 @@ median live priority, so f grades between pure goodput (0) and pure fair share (
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -35,3 +39,27 @@ def test_a_tenant_at_its_entitlement_weighs_one_median_priority() -> None:
     assert half == pytest.approx([0.5 * p + 0.5 * q for p, q in zip(raw, fair, strict=True)])
     # the blend is not dominated by the largest priority: f = 1 compresses the spread
     assert np.ptp(fair) < np.ptp(half) < np.ptp(raw)
+
+
+CLAIMS_UNDER_A_HASH_SEED = """
+from jitserve.policy import load_policy
+from jitserve.scheduling.priorities import fair_claims
+tenants = [f"tenant-{i}" for i in range(8)]
+# one tenant's service dwarfs the others': where it falls in the float sum changes the
+# total by rounding
+service = {t: 1e16 if t == "tenant-5" else 1.0 for t in tenants}
+claims = fair_claims(tenants, service, load_policy({}).fairness)
+print(sorted((t, c.hex()) for t, c in claims.items()))
+"""
+
+
+def test_claims_do_not_depend_on_the_hash_seed() -> None:
+    """The tenants' set used to give the order of the float sums: what a frame planned
+    changed in its last bits with PYTHONHASHSEED (a run could not be reproduced)."""
+    outputs = {
+        subprocess.run([sys.executable, "-c", CLAIMS_UNDER_A_HASH_SEED], check=True,
+                       capture_output=True, text=True,
+                       env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+        for seed in range(8)
+    }
+    assert len(outputs) == 1, outputs

@@ -24,7 +24,8 @@ def sidecar(vllm_url: str, tmp_path: Path) -> Iterator[Factory]:
 @pytest.fixture
 def held(vllm_url: str, tmp_path: Path) -> Iterator[tuple[StallRelay, Factory]]:
     """Sidecars in front of the shared vLLM through a :class:`StallRelay`: the test holds
-    vLLM's work (``relay.hold()``) to keep a stream open for as long as it needs."""
+    vLLM's work (``relay.hold()``, or ``relay.hold_after(1)`` past each stream's first
+    event) to keep a stream open for as long as it needs."""
     started: list[SidecarProcess] = []
     with StallRelay(vllm_url) as relay:
         yield relay, make_factory(relay.url, tmp_path, started)

@@ -34,6 +34,7 @@ from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 from tests.support.ledgers import RecordingLedger
+from tests.support.waiting import body_timeout
 
 TICK = 0.05
 FRAME_EVERY = 4  # ticks
@@ -351,3 +352,39 @@ def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], slo: 
     assert event.error.headers()["x-should-retry"] == "true"
     assert event.error.retry_after_s is not None and event.error.retry_after_s >= 1
 
+
+
+@body_timeout(60)
+def test_a_bounded_shutdown_ends_even_when_its_tasks_ignore_the_cancel() -> None:
+    """The server bounds Dispatcher.shutdown with asyncio.timeout. Tasks stuck on a silent
+    vLLM that do not end when cancelled must not hold the exit: on the old code the first
+    wait swallowed the timeout's cancel and the second waited forever (a sidecar that
+    logged 'drain over' and never exited, in CI)."""
+
+    giving_up = asyncio.Event()  # set at the end, so that the test's loop can close
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if giving_up.is_set():
+                    raise
+
+    async def scenario() -> bool:
+        d, _, _ = make_dispatcher(SLOPolicySpec(), batch=2)
+        d._tasks = [asyncio.create_task(stubborn()), asyncio.create_task(stubborn())]
+        await asyncio.sleep(0.01)  # both running, so a cancel reaches their except
+        try:
+            async with asyncio.timeout(0.5):
+                await d.shutdown()
+        except TimeoutError:
+            return True
+        finally:
+            giving_up.set()
+            for task in d._tasks:
+                task.cancel()
+            await asyncio.wait(d._tasks)
+        return False
+
+    assert asyncio.run(scenario())

@@ -31,8 +31,9 @@ from jitserve.devstack.vllm import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.http import get_json, get_text, metric, post
 from tests.support.sidecar import SidecarProcess
+from tests.support.waiting import body_timeout
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = body_timeout(900)
 
 EXAMPLES = int(os.environ.get("JITSERVE_FUZZ_EXAMPLES", "250"))
 CASE_TIMEOUT_S = 30.0

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 
 from tests.support.http import get_json, get_text, metric, post
 from tests.support.sidecar import Factory
-from tests.support.waiting import wait_until
+from tests.support.waiting import body_timeout, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = body_timeout(300)
 
 PROMPT = [5, 17, 99, 400, 23, 8, 77]
 
@@ -114,7 +113,7 @@ def test_bad_policy_files_are_reported_and_the_last_good_one_kept(sidecar: Facto
         (b"scheduler: [1, 2\n", "cannot read"),
         (b"   \n", "empty"),
     ], start=1):
-        s.config.write_bytes(content)
+        s.write_config(content)
         wait_until(f"the error about {needle}",
                    lambda needle=needle: needle in (s.ready()[1].get("config_error") or "").lower(),
                    60)
@@ -126,7 +125,7 @@ def test_bad_policy_files_are_reported_and_the_last_good_one_kept(sidecar: Facto
         text = get_text(s.url + "/metrics")
         assert metric(text, "jitserve_config_reloads_total", result="error") == errors
         assert metric(text, "jitserve_fairness_weight") == 0.3
-    s.config.write_text(yaml.safe_dump({"scheduler": {"policy": "fcfs"}}))
+    s.write_config({"scheduler": {"policy": "fcfs"}})
     wait_until("the good file to apply", lambda: s.state()["policy"] == "fcfs", 30)
     assert get_json(s.url + "/ready")[1].get("config_error") is None
     assert "Traceback" not in s.log_path.read_text()

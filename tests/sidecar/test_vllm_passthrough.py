@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from tests.support.http import get_json, get_text, metric, post
+from tests.support.json_shape import shape
 from tests.support.sidecar import Factory
+from tests.support.waiting import body_timeout
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = body_timeout(300)
 
 POLICY = {"fairness": {"tenants": [{"name": "team-b"}, {"name": "team-c"}]}}
 
@@ -27,16 +29,6 @@ def model(vllm_url: str) -> str:
     assert status == 200, doc
     name: str = doc["data"][0]["id"]
     return name
-
-
-def shape(value: Any) -> Any:
-    """Keys and value types of a JSON value, list elements merged (values left out)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return sorted({repr(shape(v)) for v in value})
-    return "number" if isinstance(value, int | float) and not isinstance(value, bool) \
-        else type(value).__name__
 
 
 def without_jitserve(doc: Any) -> Any:

@@ -9,5 +9,7 @@
 - ``ledgers``, ``requests``: in-memory recorders and builders for the unit tests;
 - ``k8s``, ``kube_fake``, ``operator``: the real control plane, an in-memory API server,
   and the operator session;
-- ``analyzer``: a real analyzer gRPC server in-process.
+- ``analyzer``: a real analyzer gRPC server in-process;
+- ``picker``, ``gaie``: the endpoint picker over real gRPC with Envoy's generated protos,
+  and the InferencePool CRD on the test API server.
 """

@@ -27,9 +27,13 @@ class FakeVLLM:
     """FAKE backend on 127.0.0.1:``port`` in its own thread and event loop."""
 
     def __init__(self, port: int, interval_s: float = 0.02, token_text_bytes: int = 0,
-                 first_token_delay_s: float = 0.0, pause_at: int | None = None) -> None:
+                 first_token_delay_s: float = 0.0, pause_at: int | None = None,
+                 burst: bool = False) -> None:
         self.port = port
         self.interval_s = interval_s
+        # burst: a stream's tokens in one write (up to the pause, then the rest): no gap
+        # between two tokens that a busy machine could stretch past a stall timeout
+        self.burst = burst
         self.first_token_delay_s = first_token_delay_s  # as if queued inside vLLM
         self.pause_at = pause_at  # after this many tokens, go silent (a frozen engine)
         self.resume = asyncio.Event()
@@ -145,9 +149,14 @@ class FakeVLLM:
             return resp
         n = int(doc.get("max_tokens") or 4)
         await asyncio.sleep(self.first_token_delay_s)
+        held = b""  # burst: the events not written yet
         for i in range(n):
-            await asyncio.sleep(self.interval_s)
+            if not self.burst:
+                await asyncio.sleep(self.interval_s)
             if i == self.pause_at:
+                if held:
+                    await resp.write(held)
+                    held = b""
                 await self.resume.wait()
             finish = '"length"' if i == n - 1 else "null"
             chunk = (
@@ -155,8 +164,11 @@ class FakeVLLM:
                 f'"token_ids": [{100 + i % 800}], '
                 f'"finish_reason": {finish}}}]}}'
             )
-            await resp.write(f"data: {chunk}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+            held += f"data: {chunk}\n\n".encode()
+            if not self.burst:
+                await resp.write(held)
+                held = b""
+        await resp.write(held + b"data: [DONE]\n\n")
         return resp
 
     def _run(self, coro: Any) -> Any:

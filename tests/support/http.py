@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -61,6 +62,16 @@ def stream(
             return await stream_completion(session, url, body, headers, path)
 
     return asyncio.run(go())
+
+
+async def sse_docs(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Each JSON event of an SSE answer as it comes, until ``[DONE]``."""
+    async for line in resp.content:
+        if line.startswith(b"data: "):
+            payload = line[6:].strip()
+            if payload == b"[DONE]":
+                return
+            yield json.loads(payload)
 
 
 def complete(

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from jitserve.devstack import vllm as vl
+from tests.support.waiting import PROCESS_START_TIMEOUT_S
 
 K8S_VERSION = "1.20.2"
 PATCH_LEVEL = "p2"  # scripts/setup-k8s.sh: the source patches applied to that version
@@ -170,7 +171,7 @@ class LocalControlPlane:
             ],
         )
 
-    def _wait_ready(self, token: str, timeout_s: float = 60.0) -> None:
+    def _wait_ready(self, token: str, timeout_s: float = PROCESS_START_TIMEOUT_S) -> None:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

@@ -114,6 +114,7 @@ class FakeKube:
         new = copy.deepcopy(live)
         _remove_dropped(new, previous, desired)
         _merge(new, desired)
+        _keep_live_order(new["metadata"], live["metadata"], "ownerReferences", "uid")
         _server_defaults(new)
         if new != live:
             if new.get("spec") != live.get("spec"):
@@ -168,3 +169,14 @@ def _remove_dropped(target: JSON, previous: JSON, desired: JSON) -> None:
             and isinstance(target.get(key), dict)
         ):
             _remove_dropped(target[key], value, desired[key])
+
+
+def _keep_live_order(target: JSON, live: JSON, field: str, key: str) -> None:
+    """What the API server does with an applied list merged item by item: the live items
+    keep their order, new ones come after them."""
+    before = [item[key] for item in live.get(field) or []]
+    if field in target:
+        target[field] = sorted(
+            target[field],
+            key=lambda item: before.index(item[key]) if item[key] in before else len(before),
+        )

@@ -10,7 +10,9 @@
   session's test namespaces, with its validating webhook (HTTPS, a self-signed
   certificate made with openssl) and its metrics endpoint;
 - ``webhook``: the chart's ValidatingWebhookConfiguration pointed at that operator
-  (``webhook.url``), for the namespaces labelled ``WEBHOOK_LABEL``.
+  (``webhook.url``), for the namespaces labelled ``WEBHOOK_LABEL``;
+- ``kubectl``: Kubernetes' own kubectl (built with the API server by
+  scripts/setup-k8s.sh) against that cluster, as an admin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import base64
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -34,15 +37,15 @@ import yaml
 from jitserve.devstack import vllm as vl
 from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
-from tests.support.k8s import cluster_kubeconfig, write_kubeconfig
-from tests.support.waiting import wait_until
+from tests.support.k8s import cluster_kubeconfig, k8s_bin_dir, write_kubeconfig
+from tests.support.waiting import PROCESS_START_TIMEOUT_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = secrets.token_hex(3)
 # Namespaces of the session operator (kopf needs no namespace-listing rights for fixed names).
 SESSION_NAMESPACES = [
     f"e2e-{RUN}-{n}"
-    for n in ("ex", "tune", "invalid", "delete", "metrics", "drift", "kubectl", "window")
+    for n in ("ex", "tune", "invalid", "delete", "metrics", "drift", "kubectl", "window", "fleet")
 ]
 # Namespaces of operators a test starts itself (the restart test).
 OTHER_NAMESPACES = [f"e2e-{RUN}-restart", f"e2e-{RUN}-reference"]
@@ -81,10 +84,17 @@ API_PATHS = {
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
     (
+        "inference.networking.k8s.io/v1",
+        "InferencePool",
+    ): "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
+    (
         "admissionregistration.k8s.io/v1",
         "ValidatingWebhookConfiguration",
     ): "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
 }
+
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0,
@@ -145,6 +155,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
 
 
 @pytest.fixture(scope="session")
+def kubectl(
+    cluster: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Kubectl:
+    built = k8s_bin_dir() / "kubectl"
+    binary = str(built) if built.exists() else shutil.which("kubectl")
+    if binary is None or (cluster[1].get("external") is False and not built.exists()):
+        pytest.fail(f"{built} is missing: run scripts/setup-k8s.sh")
+    cache = tmp_path_factory.mktemp("kubectl-cache")
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [str(binary), f"--kubeconfig={cluster[0]}", f"--cache-dir={cache}", *args]
+        return subprocess.run(
+            argv, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=120
+        )
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def admin(cluster: tuple[Path, dict[str, Any]]) -> RestKube:
     kube = RestKube.from_environment(str(cluster[0]))
     crd = yaml.safe_load((ROOT / "crds" / f"{c.CRD_NAME}.yaml").read_text())
@@ -198,7 +227,9 @@ def operator_kubeconfig(
         secret = admin.request("GET", f"/api/v1/namespaces/{ns}/secrets/{name}-e2e-token") or {}
         return (secret.get("data") or {}).get("token")
 
-    encoded = wait_for("the ServiceAccount token (token controller)", token, timeout_s=60)
+    # kube-controller-manager's token controller, started after the API server was ready
+    encoded = wait_for("the ServiceAccount token (token controller)", token,
+                       timeout_s=PROCESS_START_TIMEOUT_S)
     server = yaml.safe_load(cluster[0].read_text())["clusters"][0]["cluster"]["server"]
     path = tmp_path_factory.mktemp("operator") / "operator.kubeconfig"
     if cluster[1].get("external"):
@@ -266,7 +297,7 @@ class OperatorProcess:
                 except OSError:
                     return False
 
-            wait_for("the operator's liveness endpoint", alive, timeout_s=60)
+            wait_for("the operator's liveness endpoint", alive, timeout_s=PROCESS_START_TIMEOUT_S)
         return self
 
     def wait(self, timeout_s: float) -> int:
@@ -362,11 +393,15 @@ def webhook(admin: RestKube, session_operator: SessionOperator) -> Iterator[dict
     import socket
 
     def listening() -> bool:
+        assert session_operator.proc is not None
+        if session_operator.proc.poll() is not None:
+            raise AssertionError(f"operator exited {session_operator.proc.returncode}:\n"
+                                 f"{session_operator.log()[-3000:]}")
         with socket.socket() as sock:
             sock.settimeout(1)
             return sock.connect_ex(("127.0.0.1", session_operator.webhook_port)) == 0
 
-    wait_for("the operator's webhook server", listening, timeout_s=60)
+    wait_for("the operator's webhook server", listening, timeout_s=PROCESS_START_TIMEOUT_S)
     assert session_operator.cert is not None
     values = {
         "webhook": {
@@ -389,14 +424,23 @@ def operator_log(session_operator: OperatorProcess) -> Callable[[], str]:
     return session_operator.log
 
 
-def mark_pods_running(kube: RestKube, ns: str, name: str, pod_ip: str = "127.0.0.1") -> int:
-    """What the kubelet would do: the policy's pods become Running and Ready with an IP."""
+def gateway_pod_selector(name: str) -> str:
+    """The label selector of a policy's gateway pods (``spec.replicas`` > 1)."""
+    from jitserve.operator.naming import gateway_selector
+
+    return ",".join(f"{k}={v}" for k, v in sorted(gateway_selector(name).items()))
+
+
+def mark_pods_running(kube: RestKube, ns: str, name: str, pod_ip: str = "127.0.0.1",
+                      selector: str | None = None) -> int:
+    """What the kubelet would do: the policy's pods (or those ``selector`` names) become
+    Running and Ready with an IP."""
     from datetime import UTC, datetime
 
     from jitserve.operator import builders as b
 
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pods = kube.list("v1", "Pod", ns, b.selector_string(name))
+    pods = kube.list("v1", "Pod", ns, selector or b.selector_string(name))
     for pod in pods:
         conds = [
             {"type": t, "status": "True", "lastTransitionTime": now}

@@ -82,11 +82,14 @@ class SidecarProcess:
     def metrics(self) -> str:
         return get_text(self.admin_url + "/metrics")
 
-    def write_config(self, spec: dict[str, Any] | str) -> None:
-        """Replace the policy file atomically, as the kubelet swaps a ConfigMap volume."""
-        text = spec if isinstance(spec, str) else yaml.safe_dump(spec)
+    def write_config(self, spec: dict[str, Any] | str | bytes) -> None:
+        """Replace the policy file atomically, as the kubelet swaps a ConfigMap volume (a
+        bad file too): written in place, the sidecar's reload can read it half written,
+        empty after the truncation, and count an error of its own."""
+        data = spec if isinstance(spec, bytes) else (
+            spec if isinstance(spec, str) else yaml.safe_dump(spec)).encode()
         tmp = self.config.with_suffix(".tmp")
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         tmp.replace(self.config)
 
     def close(self) -> None:
@@ -95,6 +98,17 @@ class SidecarProcess:
 
 
 Factory = Callable[..., SidecarProcess]
+
+
+def keeping_every_request(policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``policy`` with overload control off: a latency request whose first token a busy
+    machine makes late is served, not retired with a 429. For a test whose subject is not
+    speed (header parsing, class mapping, streaming) but that asks for a latency SLO."""
+    doc = dict(policy or {})
+    scheduler = dict(doc.get("scheduler", {}))
+    scheduler["mechanisms"] = {**scheduler.get("mechanisms", {}), "overloadControl": False}
+    doc["scheduler"] = scheduler
+    return doc
 
 
 def make_factory(backend_url: str, tmp_path: Path, started: list[SidecarProcess]) -> Factory:

@@ -12,7 +12,9 @@ killed pytest leaves no vLLM behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -42,16 +44,17 @@ class TinyVLLM:
 
 def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
                     extra: list[str] | None = None, engine_rule: str | None = None,
-                    step_log: Path | None = None) -> TinyVLLM:
+                    step_log: Path | None = None, port: int | None = None) -> TinyVLLM:
     """A real vLLM on a free loopback port, with the tool-call flags ``jitserve up``
     passes, once it answers /health; with ``engine_rule``, jitserve's in-engine scheduler
-    loaded with that budget rule (writing its per-step log to ``step_log``)."""
+    loaded with that budget rule (writing its per-step log to ``step_log``); ``port``: a
+    given one (a restart where the killed one listened), else a free one."""
     python = vl.vllm_python()
     if python is None:
         raise AssertionError("vLLM is not installed: run scripts/setup-vllm.sh "
                              "(scripts/test.sh does), or set JITSERVE_VLLM_PYTHON")
     model = vl.ensure_tiny_model(python=python)
-    port = vl.free_port()
+    port = vl.free_port() if port is None else port
     log_path = Path(tempfile.mkdtemp(prefix="jitserve-vllm-")) / "vllm.log"
     cmd = vl.vllm_command(python, model, port, max_num_seqs=max_num_seqs,
                           max_model_len=max_model_len, extra=[*vl.TOOL_FLAGS, *(extra or [])],
@@ -65,6 +68,31 @@ def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
         raise AssertionError(f"vLLM did not start in {START_TIMEOUT_S:.0f} s (exit code "
                              f"{proc.poll()}); {log_path}:\n{vl.tail(log_path, 60)}")
     return engine
+
+
+class RestartableVLLM:
+    """A private tiny vLLM a test freezes and kills (signals to its whole process group:
+    API server, engine core, workers), and restarts on the same port."""
+
+    def __init__(self) -> None:
+        self.engine = start_tiny_vllm()
+        self.port = int(self.engine.url.rsplit(":", 1)[1])
+
+    @property
+    def url(self) -> str:
+        return self.engine.url
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.engine.proc.pid, sig)
+
+    def restart(self) -> None:
+        self.engine.stop()
+        self.engine = start_tiny_vllm(port=self.port)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.engine.stop()
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """The one polling helper: wait for something the system reports, bounded only against
-hangs (the bound is never what a test proves)."""
+hangs (the bound is never what a test proves); and the one rule for a test's own hang
+bound, :func:`body_timeout`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,26 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
+
+from .vllm import START_TIMEOUT_S as VLLM_START_TIMEOUT_S
+
 T = TypeVar("T")
+
+PROCESS_START_TIMEOUT_S = 600.0
+"""How long a real part the tests start (the control plane, the operator) may take to be
+ready while its process lives: a bound against a hang (each such wait also ends when the
+process exits). A busy 2-core machine starts a Python process or kube-apiserver in
+minutes, not seconds; vLLM has its own, larger bound (``tests/support/vllm.py``)."""
+
+
+def body_timeout(work_s: float, vllm_starts: int = 0) -> pytest.MarkDecorator:
+    """A test's timeout marker: it bounds the test's body only (pytest-timeout's
+    ``func_only``): ``work_s``, plus ``VLLM_START_TIMEOUT_S`` for each vLLM the body itself
+    starts. Fixtures are not counted: the first test of a group cold-starts the shared
+    vLLM in its setup (minutes on a busy machine), and every fixture bounds its own start
+    (``VLLM_START_TIMEOUT_S`` for a vLLM, ``wait_ready`` for a sidecar or a gateway)."""
+    return pytest.mark.timeout(work_s + vllm_starts * VLLM_START_TIMEOUT_S, func_only=True)
 
 
 def wait_until(

@@ -64,6 +64,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{/* The endpoint picker's pods (inferencePool.enabled): the operator's NetworkPolicy of the
+policy admits pods with these component and policy labels to the sidecars' admin port. */}}
+{{- define "jitserve.pickerSelector" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: picker
+jitserve.io/policy: {{ .Values.inferencePool.policy }}
+{{- end -}}
+
+{{- define "jitserve.pickerLabels" -}}
+app.kubernetes.io/name: {{ include "jitserve.name" . }}
+{{ include "jitserve.pickerSelector" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
 {{/* The operator's permissions: least privilege, the same rules for a ClusterRole or a Role.
 Children are written with server-side apply (PATCH; creating one by apply also needs create). */}}
 {{- define "jitserve.rules" -}}
@@ -78,12 +94,17 @@ Children are written with server-side apply (PATCH; creating one by apply also n
 - apiGroups: ["jitserve.io"]
   resources: ["slopolicies/finalizers"]
   verbs: ["update"]
-# Children: created and kept in shape; deletion is the garbage collector's (ownerReferences).
+# Children: created and kept in shape; deletion is the garbage collector's (ownerReferences),
+# but for the fleet's gateway (its Deployment and Services), deleted when spec.replicas goes
+# back to one pod.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["configmaps", "services", "persistentvolumeclaims"]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # The optional Ingress is deleted when spec.ingress is removed.
 - apiGroups: ["networking.k8s.io"]
@@ -99,7 +120,7 @@ Children are written with server-side apply (PATCH; creating one by apply also n
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
-# Serving pods: found by label to read each sidecar's /metrics.
+# Serving pods: found by label to read each sidecar's /metrics and report their readiness.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,7 +89,9 @@ class ServerProcess:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         self.output: list[str] = []
+        """Every line the process wrote; whole once :meth:`stop` returned."""
         self.port = 0
+        self._reader: threading.Thread | None = None
         deadline = time.monotonic() + startup_s
         assert self.process.stdout is not None
         while time.monotonic() < deadline:
@@ -104,9 +107,8 @@ class ServerProcess:
         if not self.port:
             self.stop()
             raise RuntimeError("analyzer did not start:\n" + "".join(self.output))
-        import threading
-
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
 
     def _drain(self) -> None:
         assert self.process.stdout is not None
@@ -140,10 +142,15 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout_s)
+            code = self.process.wait(timeout_s)
         except Exception:
             self.process.kill()
-            return self.process.wait()
+            code = self.process.wait()
+        # the last lines (the shutdown's "checkpointed") may still be in the pipe: the
+        # reader ends at its EOF
+        if self._reader is not None:
+            self._reader.join(timeout_s)
+        return code
 
 
 def grpc_latency(model: LengthModel, test: Sequence[LengthRecord], quantile: float,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jitserve.bench.capacity import measure_capacity
+from jitserve.bench.fleet import add_fleet_flags, fleet_from_args, placement_ratios_markdown
 from jitserve.bench.runner import (
     Cell,
     cell_profile,
@@ -136,12 +137,7 @@ def register(subparsers: Any) -> None:
         help="with --matrix: seconds per run and loads, e.g. 120:1.0,1.5,2.0:nobound "
         "(default 240 s at 0.6,1.0,1.5,2.0 with the upper bound)",
     )
-    parser.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help="engine replicas behind a least-outstanding-work router (load is per replica)",
-    )
+    add_fleet_flags(parser)
     parser.add_argument("--config", help="SLOPolicy spec (YAML) for GMAX settings and SLO defaults")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--out", default="bench-out", help="directory for results.json and plots")
@@ -266,8 +262,7 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from err
     loads = _floats(args.load, "load")
     seeds = [int(s) for s in _floats(args.seeds, "seeds")]
-    if args.replicas < 1:
-        raise CLIError(f"--replicas must be >= 1, got {args.replicas}")
+    fleet = fleet_from_args(args)
     print(
         f"measuring capacity of profile {profile.name} (budget {profile.chunk_token_budget}, "
         f"{profile.max_running} sequences) on {args.trace} ({args.workload})...",
@@ -278,22 +273,14 @@ def main(args: argparse.Namespace) -> int:
     if args.rate is not None:
         if args.rate <= 0:
             raise CLIError(f"--rate must be positive, got {args.rate}")
-        loads = [args.rate / (capacity * args.replicas)]
+        loads = [args.rate / (capacity * (sum(fleet.speeds) or args.replicas))]
     cells = [
-        Cell(
-            p,
-            load,
-            seed,
-            workload,
-            capacity,
-            args.profile,
-            spec,
-            args.memory,
-            args.replicas,
-            overrides,
-        )
+        Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory,
+             args.replicas, overrides, scenario=fleet.scenario, placement=placement,
+             replica_speeds=fleet.speeds, report_period_s=fleet.report_period_s)
         for load in loads
         for p in policies
+        for placement in (fleet.placements or ("",))
         for seed in seeds
     ]
     rows = run_cells(cells, args.jobs)
@@ -312,6 +299,10 @@ def main(args: argparse.Namespace) -> int:
         "policies": policies,
         "loads": loads,
         "seeds": seeds,
+        "replicas": args.replicas,
+        "placements": list(fleet.placements),
+        "replica_speeds": list(fleet.speeds),
+        "report_period_s": fleet.report_period_s,
     }
     _write(Path(args.out), meta, rows)
     return 0
@@ -338,11 +329,10 @@ def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     (out / "results.json").write_text(
         json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2)
     )
-    (out / "report.md").write_text(
-        report.markdown(summary) + "\n\n" + report.ratios_markdown(summary) + "\n"
-    )
+    ratios = placement_ratios_markdown(summary) or report.ratios_markdown(summary)
+    (out / "report.md").write_text(report.markdown(summary) + "\n\n" + ratios + "\n")
     print(report.table(summary))
-    print(report.ratios_markdown(summary))
+    print(ratios)
     try:
         for path in report.plots(summary, out):
             print(f"wrote {path}")
@@ -371,6 +361,8 @@ def _live(args: argparse.Namespace) -> int:
                 interval_ms=30.0,
                 policy="gmax",
                 emit="step",
+                gateway=False,
+                rounds=1,
                 out=out / "proxy_overhead.json",
             )
         )

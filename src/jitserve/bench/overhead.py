@@ -6,6 +6,11 @@ token for each. The backend is :class:`TokenSource`, a synthetic OpenAI-compatib
 source (not a model: it emits one chunk per token at a fixed interval and writes each
 token's emission time, ``time.monotonic_ns()``, as its text), run in its own process.
 ``jitserve sidecar proxy-overhead`` and ``jitserve bench --proxy-overhead`` call it.
+
+With ``gateway=True`` (``--gateway``) a ``jitserve gateway`` process in front of that
+sidecar is measured too, in alternating rounds with the sidecar alone (``--rounds``), and
+"added by the gateway" is gateway + sidecar minus the sidecar alone: the gateway's own
+cost per token, the figure ISSUE-18 bounds (p99 <= 2 ms at 100 streams).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -146,6 +152,15 @@ async def _measure(
     return latencies, bad
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` used so far (Linux; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pcts(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": math.nan, "p99": math.nan, "mean": math.nan}
@@ -163,13 +178,21 @@ def measure_proxy_overhead(
     interval_s: float = 0.03,
     policy: str = "gmax",
     emit: str = "step",
+    gateway: bool = False,
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """Start a token source and a sidecar (each its own process) on loopback, measure
-    per-token latency directly and through the sidecar, stop both; returns the figures."""
+    """Start a token source and a sidecar (each its own process; with ``gateway``, a
+    gateway in front of the sidecar too) on loopback, measure per-token latency directly,
+    through the sidecar (and through gateway + sidecar, the two alternated ``rounds``
+    times), stop them; returns the figures."""
     from jitserve.devstack.vllm import free_port, start_process, stop_process, wait_http_ok
+    from jitserve.gateway.cli import gateway_command
     from jitserve.sidecar.cli import serve_command
 
-    source_port, sidecar_port = free_port(), free_port()
+    source_port, sidecar_port, admin_port = free_port(), free_port(), free_port()
+    gateway_port, gateway_admin = free_port(), free_port()
+    sidecar_url, gateway_url = (f"http://127.0.0.1:{sidecar_port}",
+                                f"http://127.0.0.1:{gateway_port}")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "policy.yaml"
         config.write_text(f"scheduler:\n  policy: {policy}\n")
@@ -187,9 +210,16 @@ def measure_proxy_overhead(
         )
         sidecar = start_process(
             serve_command(f"http://127.0.0.1:{source_port}", sidecar_port, config,
-                          max(streams, 1) * 2, extra=["--log-level", "WARNING"]),
+                          max(streams, 1) * 2, extra=["--log-level", "WARNING",
+                                                      "--admin-port", str(admin_port)]),
             None,
         )
+        front = start_process(gateway_command(
+            [(sidecar_url, f"http://127.0.0.1:{admin_port}")], gateway_port, gateway_admin,
+            extra=["--log-level", "WARNING"]), None) if gateway else None
+        through_gateway: list[float] = []
+        bad_gateway = 0
+        gateway_cpu_s = 0.0
         try:
             if not wait_http_ok(f"http://127.0.0.1:{source_port}/health", 30, source):
                 raise RuntimeError("the token source did not start")
@@ -197,17 +227,32 @@ def measure_proxy_overhead(
                 raise RuntimeError("the sidecar did not become ready")
             asyncio.run(_measure(f"http://127.0.0.1:{source_port}", 4, 5))  # warm-up
             asyncio.run(_measure(f"http://127.0.0.1:{sidecar_port}", 4, 5))
+            if front is not None:
+                if not wait_http_ok(f"http://127.0.0.1:{gateway_admin}/ready", 30, front):
+                    raise RuntimeError("the gateway did not become ready")
+                asyncio.run(_measure(gateway_url, 4, 5))
             direct, bad_direct = asyncio.run(
                 _measure(f"http://127.0.0.1:{source_port}", streams, tokens)
             )
-            proxied, bad_proxied = asyncio.run(
-                _measure(f"http://127.0.0.1:{sidecar_port}", streams, tokens)
-            )
+            proxied: list[float] = []
+            bad_proxied = 0
+            for _ in range(max(rounds, 1) if front is not None else 1):
+                got, bad = asyncio.run(_measure(sidecar_url, streams, tokens))
+                proxied += got
+                bad_proxied += bad
+                if front is not None:
+                    before = cpu_s(front.pid)
+                    got, bad = asyncio.run(_measure(gateway_url, streams, tokens))
+                    gateway_cpu_s += cpu_s(front.pid) - before
+                    through_gateway += got
+                    bad_gateway += bad
         finally:
+            if front is not None:
+                stop_process(front)
             stop_process(sidecar)
             stop_process(source)
     d, p = _pcts(direct), _pcts(proxied)
-    return {
+    result: dict[str, Any] = {
         "streams": streams,
         "tokens_per_stream": tokens,
         "interval_ms": interval_s * 1000,
@@ -223,6 +268,15 @@ def measure_proxy_overhead(
         "tokens_measured": {"direct": len(direct), "through_sidecar": len(proxied)},
         "incomplete_streams": {"direct": bad_direct, "through_sidecar": bad_proxied},
     }
+    if gateway:
+        g = _pcts(through_gateway)
+        result["rounds"] = rounds
+        result["through_gateway_ms"] = g
+        result["gateway_added_ms"] = {k: g[k] - p[k] for k in ("p50", "p99", "mean")}
+        result["tokens_measured"]["through_gateway"] = len(through_gateway)
+        result["incomplete_streams"]["through_gateway"] = bad_gateway
+        result["gateway_cpu_us_per_token"] = gateway_cpu_s / max(len(through_gateway), 1) * 1e6
+    return result
 
 
 def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,12 +291,18 @@ def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
         default="step",
         help="step: all streams emit on the same ticks; spread: random phases",
     )
+    p.add_argument("--gateway", action="store_true",
+                   help="also measure through jitserve gateway in front of the sidecar "
+                   "(added by the gateway: gateway + sidecar minus the sidecar alone)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="with --gateway: sidecar-alone and gateway runs, alternated")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
 
 
 def proxy_overhead_main(args: argparse.Namespace) -> int:
     result = measure_proxy_overhead(
-        args.streams, args.tokens, args.interval_ms / 1000, args.policy, args.emit
+        args.streams, args.tokens, args.interval_ms / 1000, args.policy, args.emit,
+        gateway=args.gateway, rounds=args.rounds,
     )
     d, p, a = result["direct_ms"], result["through_sidecar_ms"], result["added_ms"]
     print(
@@ -254,6 +314,13 @@ def proxy_overhead_main(args: argparse.Namespace) -> int:
     print(f"{'direct to the source':<26} {d['p50']:>8.3f} {d['p99']:>8.3f} {d['mean']:>8.3f}")
     print(f"{'through the sidecar':<26} {p['p50']:>8.3f} {p['p99']:>8.3f} {p['mean']:>8.3f}")
     print(f"{'added by the sidecar':<26} {a['p50']:>8.3f} {a['p99']:>8.3f} {a['mean']:>8.3f}")
+    if "through_gateway_ms" in result:
+        g, ga = result["through_gateway_ms"], result["gateway_added_ms"]
+        print(f"{'through gateway + sidecar':<26} {g['p50']:>8.3f} {g['p99']:>8.3f} "
+              f"{g['mean']:>8.3f}")
+        print(f"{'added by the gateway':<26} {ga['p50']:>8.3f} {ga['p99']:>8.3f} "
+              f"{ga['mean']:>8.3f}")
+        print(f"the gateway's CPU per token: {result['gateway_cpu_us_per_token']:.0f} us")
     if any(result["incomplete_streams"].values()):
         print(f"incomplete streams: {result['incomplete_streams']}")
     if args.out:

@@ -18,10 +18,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from jitserve.bench.fleet import make_placement, scaled_profile
 from jitserve.bench.variants import make_setup, policy_names
 from jitserve.goodput import GoodputLedger
 from jitserve.policy import SLOPolicySpec
-from jitserve.sim.cluster import run_cluster
+from jitserve.sim.cluster import run_placed
 from jitserve.sim.engine import Engine, EngineStats
 from jitserve.sim.latency import Profile, load_profile
 from jitserve.sim.workload import WorkloadSpec, generate
@@ -78,6 +79,15 @@ class Cell:
     scenario: str = ""
     bound_slot_s: float = 2.0
     """Time slot of the ``upper-bound`` LP (longer: smaller LP, slightly looser bound)."""
+    placement: str = ""
+    """How work is placed across replicas (``--placement``; :mod:`jitserve.bench.fleet`);
+    required with more than one replica. The row's ``policy`` is then the placement."""
+    replica_speeds: tuple[float, ...] = ()
+    """Each replica's speed (1: the profile's; 0.5: every step takes twice as long);
+    empty: all 1. Load is relative to the fleet's summed speed."""
+    report_period_s: float = 0.25
+    placement_weights: tuple[tuple[str, float], ...] = ()
+    """power-of-k's scorer weights changed from its defaults (the tuning sweep's knob)."""
 
 
 def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
@@ -87,7 +97,8 @@ def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
 def run_one(cell: Cell) -> dict[str, Any]:
     """Simulate one cell (or bound it) and return its row of results."""
     profile = cell_profile(cell.profile, cell.profile_overrides)
-    rate = cell.load * cell.capacity_per_s * cell.replicas
+    speeds = cell.replica_speeds or (1.0,) * cell.replicas
+    rate = cell.load * cell.capacity_per_s * sum(speeds)
     workload = replace(cell.workload, rate_per_s=rate, seed=cell.seed)
     if cell.policy == UPPER_BOUND:
         return _bound_row(cell, profile, workload)
@@ -97,7 +108,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
         setup = make_setup(cell.policy, cell.spec, seed=cell.seed * 1000 + replica)
         engines.append(
             Engine(
-                profile,
+                scaled_profile(profile, speeds[replica]),
                 setup.policy,
                 setup.estimator,
                 setup.stage_share,
@@ -110,7 +121,12 @@ def run_one(cell: Cell) -> dict[str, Any]:
     if cell.track_memory:
         tracemalloc.start()
     started, cpu_started = time.perf_counter(), time.process_time()
-    run_cluster(engines, generate(workload))
+    placement = (
+        make_placement(cell.placement, cell.seed, cell.spec, engines, cell.report_period_s,
+                       dict(cell.placement_weights))
+        if cell.placement else None
+    )
+    placed = run_placed(engines, generate(workload), placement)
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
@@ -121,7 +137,13 @@ def run_one(cell: Cell) -> dict[str, Any]:
     for engine in engines:
         stats.merge(engine.stats)
     return {
-        "policy": cell.policy,
+        "policy": cell.placement or cell.policy,
+        "scheduler": cell.policy,
+        "placement": cell.placement,
+        "placed": placed.placed,
+        "withdrawn": placed.withdrawn,
+        "refused": placed.refused,
+        "replica_speeds": list(speeds),
         "scenario": cell.scenario,
         "load": cell.load,
         "seed": cell.seed,

@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
 import sys
+import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +106,47 @@ def make_tiny_model(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if is_tiny_model(out):
         return out
+    return install_model_folder(out, _write_model)
+
+
+def install_model_folder(out: Path, build: Callable[[Path], None]) -> Path:
+    """``build`` the folder's files in a new folder beside ``out``, mark it complete and
+    rename it to ``out``: a reader (a vLLM loading the tokenizer) sees no folder or a
+    whole one, never a file being rewritten. When several build at once (pytest-xdist
+    workers on a fresh cache), the first rename wins and the others discard their copy;
+    an incomplete or older folder in the way is set aside first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    try:
+        work.chmod(0o755)  # as a plain mkdir made it, not mkdtemp's owner-only 0700
+        build(work)
+        (work / _MARKER).write_text(json.dumps({"version": _VERSION, "name": MODEL_NAME}))
+        for _ in range(3):
+            try:
+                os.rename(work, out)  # fails while out is a folder that is not empty
+                return out
+            except OSError:
+                if is_tiny_model(out):  # another builder won
+                    return out
+                _set_aside(out)
+        raise RuntimeError(f"cannot install the tiny model folder at {out}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _set_aside(folder: Path) -> None:
+    aside = folder.parent / f".{folder.name}.stale-{uuid.uuid4().hex}"
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:  # another builder set it aside
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _write_model(out: Path) -> None:
     tk: Any = importlib.import_module("tokenizers")
     Tokenizer, decoders, models = tk.Tokenizer, tk.decoders, tk.models
     pre_tokenizers, trainers = tk.pre_tokenizers, tk.trainers
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -136,8 +178,6 @@ def make_tiny_model(out_dir: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(llama_config(vocab_size), indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2}, indent=2))
-    (out / _MARKER).write_text(json.dumps({"version": _VERSION, "name": MODEL_NAME}))
-    return out
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Starts, as child processes in their own process groups:
    points at an existing vLLM (e.g. a GPU one);
 2. the analyzer, when the analyzer component is installed (``jitserve analyzer serve``);
    the sidecar falls back to its local length estimator otherwise;
-3. the scheduler sidecar (``jitserve sidecar serve``) on ``--port``.
+3. the scheduler sidecar (``jitserve sidecar serve``) on ``--port``;
+
+or, with ``--replicas N`` (N > 1), N vLLMs with a sidecar each and ``jitserve gateway``
+on ``--port`` in front of them (:mod:`~jitserve.devstack.fleet`).
 
 Waits until the sidecar's ``/ready`` answers, prints the endpoint and a curl line, and
 stops everything (sidecar, analyzer, vLLM, in that order) on Ctrl-C or SIGTERM, or when a
@@ -23,11 +26,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from jitserve.devstack import vllm as vl
+from jitserve.devstack.fleet import (
+    ADMIN_OFFSET,
+    add_fleet_arguments,
+    check_fleet_arguments,
+    start_fleet,
+)
 from jitserve.errors import CLIError
 from jitserve.policy import PolicyError, SLOPolicySpec, dump_policy_yaml, load_policy_file
 from jitserve.policy_batch import MAX_NUM_SEQS, ArgsError, BatchShape
@@ -50,8 +60,9 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("up", help="run vLLM (tiny CPU model) + analyzer + sidecar locally")
-    p.add_argument("--port", type=int, default=8080, help="the sidecar's port (the endpoint)")
-    p.add_argument("--host", default="127.0.0.1", help="the sidecar's bind address")
+    p.add_argument("--port", type=int, default=8080,
+                   help="the endpoint's port: the sidecar's (with --replicas N: the gateway's)")
+    p.add_argument("--host", default="127.0.0.1", help="the endpoint's bind address")
     p.add_argument("--backend", default=None,
                    help="front an existing vLLM at this URL instead of starting one")
     p.add_argument("--vllm-port", type=int, default=8000, help="vLLM's TCP port")
@@ -88,6 +99,7 @@ def register(subparsers: Any) -> None:
                    help="where the children's logs go (default: a new temporary folder)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="seconds to wait for readiness")
+    add_fleet_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -140,15 +152,33 @@ def _wait_ready(stack: Stack, url: str, proc: subprocess.Popen[bytes], timeout_s
     raise _cli_error(f"{url} not ready after {timeout_s:.0f} s; logs in {stack.log_dir}")
 
 
-def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
+def _wait_tcp(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes],
+              clock: Callable[[], float] = time.monotonic) -> bool:
+    deadline = clock() + timeout_s
+    while clock() < deadline and proc.poll() is None:
         with socket.socket() as sock:
             sock.settimeout(1.0)
             if sock.connect_ex((host, port)) == 0:
                 return True
         time.sleep(0.25)
     return False
+
+
+def start_analyzer(stack: Stack, args: argparse.Namespace,
+                   clock: Callable[[], float] = time.monotonic,
+                   command: list[str] | None = None) -> str | None:
+    """The analyzer's address once it listens. It may take as long as vLLM or the sidecar
+    (``--timeout``: a busy machine starts a Python process slowly); only when it exits or
+    does not listen by then does the sidecar use its local estimator instead."""
+    proc = stack.start("analyzer", command or [
+        sys.executable, "-m", "jitserve.cli", "analyzer", "serve", "--host", "127.0.0.1",
+        "--port", str(args.analyzer_port), "--metrics-port", "-1"])
+    if _wait_tcp("127.0.0.1", args.analyzer_port, args.timeout, proc, clock):
+        return f"127.0.0.1:{args.analyzer_port}"
+    print("  analyzer did not start; the sidecar uses its local estimator", flush=True)
+    vl.stop_process(proc)
+    stack.children = [c for c in stack.children if c[1] is not proc]
+    return None
 
 
 def up_batch_shape(config: Path, max_num_seqs: int | None,
@@ -178,13 +208,14 @@ def main(args: argparse.Namespace) -> int:
             config.write_text(dump_policy_yaml(SLOPolicySpec()))
     elif not config.exists():
         raise _cli_error(f"--config {config}: no such file")
+    check_fleet_arguments(args)
     shape = up_batch_shape(config, args.max_num_seqs, args.engine_queue)
     stack = Stack(log_dir)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"jitserve up: logs in {log_dir}", flush=True)
     try:
         backend = args.backend
-        if backend is None:
+        if backend is None and args.replicas == 1:
             python = vl.vllm_python()
             if python is None:
                 raise _cli_error("vLLM is not installed: run scripts/setup-vllm.sh (or set "
@@ -202,30 +233,21 @@ def main(args: argparse.Namespace) -> int:
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)
         analyzer = None
         if not args.no_analyzer and importlib.util.find_spec("jitserve.analyzer.cli") is not None:
-            proc = stack.start("analyzer", [
-                sys.executable, "-m", "jitserve.cli", "analyzer", "serve", "--host", "127.0.0.1",
-                "--port", str(args.analyzer_port), "--metrics-port", "-1"])
-            if _wait_tcp("127.0.0.1", args.analyzer_port, 60.0, proc):
-                analyzer = f"127.0.0.1:{args.analyzer_port}"
-            else:
-                print("  analyzer did not start; the sidecar uses its local estimator",
-                      flush=True)
-                stack.children = [c for c in stack.children if c[1] is not proc]
-        cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
-                            extra=["--engine-queue", str(shape.engine_queue)])
-        if analyzer:
-            cmd += ["--analyzer", analyzer]
-        if args.reasoning_parser:
-            cmd += ["--reasoning-parser", args.reasoning_parser]
-        sidecar = stack.start("sidecar", cmd)
-        endpoint = f"http://{args.host}:{args.port}"
-        _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)
-        print(f"\njitserve is up: {endpoint}  (policy file {config}, hot-reloaded)\n"
+            analyzer = start_analyzer(stack, args)
+        if args.replicas > 1:
+            endpoint = start_fleet(args, stack, _wait_ready, config, shape, analyzer)
+            admin = f"http://127.0.0.1:{args.port + ADMIN_OFFSET}"
+            what = f", the gateway in front of {args.replicas} replicas"
+        else:
+            assert backend is not None
+            endpoint = _start_sidecar(args, stack, backend, config, shape, analyzer)
+            admin, what = endpoint, ""
+        print(f"\njitserve is up: {endpoint}{what}  (policy file {config}, hot-reloaded)\n"
               f"  curl -N {endpoint}/v1/chat/completions -H 'content-type: application/json' "
               "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}], "
               "\"max_tokens\": 32, \"stream\": true, "
               "\"slo\": {\"kind\": \"latency\", \"ttft_ms\": 500, \"tbt_ms\": 50}}'\n"
-              f"  metrics: {endpoint}/metrics   ready: {endpoint}/ready\n"
+              f"  metrics: {admin}/metrics   ready: {admin}/ready\n"
               "Ctrl-C stops everything.", flush=True)
         while True:
             dead = stack.dead()
@@ -244,6 +266,20 @@ def main(args: argparse.Namespace) -> int:
         stack.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _start_sidecar(args: argparse.Namespace, stack: Stack, backend: str, config: Path,
+                   shape: BatchShape, analyzer: str | None) -> str:
+    cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
+                        extra=["--engine-queue", str(shape.engine_queue)])
+    if analyzer:
+        cmd += ["--analyzer", analyzer]
+    if args.reasoning_parser:
+        cmd += ["--reasoning-parser", args.reasoning_parser]
+    sidecar = stack.start("sidecar", cmd)
+    endpoint = f"http://{args.host}:{args.port}"
+    _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)
+    return endpoint
 
 
 def _tiny_model(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Pure functions from an ``SLOPolicy`` to each child object (plain dicts, wire format).
 
 The children's names and labels are :mod:`naming`'s, the Service, Ingress and
-NetworkPolicy :mod:`routing`'s; this module builds the rest and the whole list.
+NetworkPolicy :mod:`routing`'s, the fleet's gateway (``spec.replicas`` > 1)
+:mod:`gateway_builders`'; this module builds the rest and the whole list.
 
 Nothing here talks to a cluster. Rules the tests pin down:
 - the pod template depends only on the serving fields (``model``, ``sidecar``, ``pod``)
@@ -14,12 +15,8 @@ Nothing here talks to a cluster. Rules the tests pin down:
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
-
-from jitserve import __version__
 from jitserve.operator import constants as c
+from jitserve.operator.gateway_builders import build_gateway_children
 from jitserve.operator.naming import (
     JSON,
     MAX_NAME,
@@ -31,16 +28,21 @@ from jitserve.operator.naming import (
     name_problems,
     selector_labels,
     selector_string,
+    uses_gateway,
 )
+from jitserve.operator.pods import CONTAINER_SECURITY, OperatorSettings, pod_hardening, resources
 from jitserve.operator.routing import build_ingress, build_network_policy, build_service
 from jitserve.policy import SLOPolicySpec, dump_policy_yaml
 from jitserve.policy_scheduler import BudgetRule
 from jitserve.scheduling.budget import RULE_ENV, engine_scheduler_flags
 
-# the children's identity and routing live in naming and routing; builders is their face
+# the children's identity, routing and shared pod settings live in naming, routing and
+# pods; builders is their face
 __all__ = [
+    "CONTAINER_SECURITY",
     "JSON",
     "MAX_NAME",
+    "OperatorSettings",
     "PolicyRef",
     "api_keys_secret_name",
     "build_ingress",
@@ -49,47 +51,13 @@ __all__ = [
     "config_map_name",
     "labels",
     "name_problems",
+    "pod_hardening",
+    "resources",
     "selector_labels",
     "selector_string",
+    "uses_gateway",
     "watcher_namespaces",
 ]
-
-
-class OperatorSettings(BaseModel):
-    """Operator-wide settings (flags / environment of ``jitserve operator``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    sidecar_image: str = f"jitserve/sidecar:{__version__}"
-    analyzer_image: str = f"jitserve/analyzer:{__version__}"
-    image_pull_policy: str = Field(default="IfNotPresent", pattern=r"^(Always|IfNotPresent|Never)$")
-    analyzer_storage: str = "1Gi"
-    analyzer_storage_class: str | None = None
-    status_interval_seconds: float = Field(default=15.0, gt=0)
-    scrape_timeout_seconds: float = Field(default=2.0, gt=0)
-    # Who may reach the serving pods' admin and vLLM ports (the NetworkPolicy): Prometheus
-    # in the monitoring namespace, and the operator itself (its status scrape).
-    monitoring_namespace: str = "monitoring"
-    operator_namespace: str | None = None
-    # The API server evaluates the CRD's CEL rules (Kubernetes >= 1.25): the webhook then
-    # checks only what they cannot say.
-    api_server_cel: bool = False
-
-
-def pod_hardening() -> dict[str, Any]:
-    """Pod-level settings shared by every pod the operator makes: non-root, default
-    seccomp, no service-account token, no service environment variables."""
-    return {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-    }
 
 
 def model_cache_claim_name(policy: str, spec: SLOPolicySpec) -> str | None:
@@ -124,18 +92,6 @@ def build_api_keys_secret(ref: PolicyRef, keys: dict[str, str]) -> JSON:
         "metadata": child_meta(ref, api_keys_secret_name(ref.name), "config"),
         "data": dict(sorted(keys.items())),
     }
-
-
-def resources(cpu: str, memory: str, extra_limits: dict[str, str] | None = None) -> JSON:
-    limits = {"cpu": cpu, "memory": memory, **(extra_limits or {})}
-    return {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}
-
-
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-}
 
 
 def analyzer_address(namespace: str) -> str:
@@ -350,6 +306,7 @@ def build_policy_children(
         build_service(ref, spec),
         build_network_policy(ref, watcher_namespaces(settings)),
         build_deployment(ref, spec, settings),
+        *build_gateway_children(ref, spec, settings),
     ]
     ingress = build_ingress(ref, spec)
     if ingress is not None:

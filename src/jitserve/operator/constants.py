@@ -35,3 +35,12 @@ KEYS_DIR: Final = "/etc/jitserve-keys"
 ANALYZER_NAME: Final = "jitserve-analyzer"
 ANALYZER_PORT: Final = 50051
 ANALYZER_METRICS_PORT: Final = 9464
+
+# The fleet's gateway (spec.replicas > 1): `jitserve gateway` in front of the serving pods.
+GATEWAY_REPLICAS: Final = 2
+GATEWAY_PORT: Final = 8000
+GATEWAY_ADMIN_PORT: Final = 9000
+GATEWAY_PLACEMENT: Final = "power-of-k"
+PLACER_COMPONENTS: Final = ("gateway", "picker")
+"""The components (``app.kubernetes.io/component``) that read the sidecars' replica
+reports on their admin port: the operator's gateway and the chart's endpoint picker."""

@@ -184,7 +184,11 @@ def make_registry(
         @kopf.on.validate(
             *POLICY, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry
         )
-        def validate_policy(body: kopf.Body, **kwargs: Any) -> None:
+        async def validate_policy(body: kopf.Body, **kwargs: Any) -> None:
+            # async: kopf runs a sync handler in the thread pool that child events fill
+            # with reconciles waiting on a policy's lock, and the API server gives up on
+            # the webhook after its timeoutSeconds (5); admit() is pure and quick, so it
+            # runs on the event loop and is answered at once.
             old = kwargs.get("old")
             operation = str(kwargs.get("operation") or "")
             controller.admit(operation, dict(body), dict(old) if old is not None else None)

@@ -32,7 +32,7 @@ class PolicyRef:
         return ref
 
 
-MAX_NAME = 52  # leaves room for "-config" etc. within a 63-character DNS label
+MAX_NAME = 52  # leaves room for "-config", "-gateway" etc. within a 63-character DNS label
 
 
 def name_problems(name: str) -> list[str]:
@@ -60,6 +60,27 @@ def selector_labels(policy: str) -> dict[str, str]:
 
 def selector_string(policy: str) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(policy).items()))
+
+
+def uses_gateway(replicas: int) -> bool:
+    """More than one serving pod: a gateway places each request on one of them (one
+    pod needs none)."""
+    return replicas > 1
+
+
+def gateway_name(policy: str) -> str:
+    """The gateway's Deployment and Service (``spec.replicas`` > 1)."""
+    return f"{policy}-gateway"
+
+
+def replicas_service_name(policy: str) -> str:
+    """The headless Service whose A records are the serving pods (the gateway's
+    ``--discover``)."""
+    return f"{policy}-replicas"
+
+
+def gateway_selector(policy: str) -> dict[str, str]:
+    return {c.LABEL_POLICY: policy, c.LABEL_COMPONENT: "gateway"}
 
 
 def config_map_name(policy: str) -> str:

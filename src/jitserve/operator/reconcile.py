@@ -25,6 +25,7 @@ from typing import Any
 from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
+from jitserve.operator import gateway_builders as gb
 from jitserve.operator import status as st
 from jitserve.operator.kube import JSON, Kube, KubeError
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy
@@ -48,8 +49,9 @@ def _same_scalar(desired: Any, live: Any) -> bool:
 
 
 def is_subset(desired: Any, live: Any) -> bool:
-    """Every field in ``desired`` is in ``live`` with an equal value (lists: same length;
-    quantities compared by value; an empty map or list matches an absent field)."""
+    """Every field in ``desired`` is in ``live`` with an equal value (lists: same length,
+    items matched by their merge key or else by position; quantities compared by value;
+    an empty map or list matches an absent field)."""
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return False
@@ -58,12 +60,27 @@ def is_subset(desired: Any, live: Any) -> bool:
             is_subset(v, live[k]) if k in live else v in ({}, [], None) for k, v in desired.items()
         )
     if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(desired) == len(live)
-            and all(is_subset(d, x) for d, x in zip(desired, live, strict=True))
-        )
+        if not isinstance(live, list) or len(desired) != len(live):
+            return False
+        key = _merge_key(desired)
+        if key is not None and _merge_key(live) == key:
+            by_key = {x[key]: x for x in live}
+            return all(d[key] in by_key and is_subset(d, by_key[d[key]]) for d in desired)
+        return all(is_subset(d, x) for d, x in zip(desired, live, strict=True))
     return _same_scalar(desired, live)
+
+
+def _merge_key(items: list[Any]) -> str | None:
+    """``uid`` or ``name`` when every item is an object with a distinct one: a list the
+    API server merges item by item (ownerReferences, containers, env, volumes). Server-side
+    apply keeps such a list in its live order and appends new items, so an order other
+    than ours is not drift (two policies' analyzer owners, sorted by uid, were re-applied
+    by every reconcile when the newer policy's uid sorted first)."""
+    for key in ("uid", "name"):
+        values = [i[key] for i in items if isinstance(i, dict) and isinstance(i.get(key), str)]
+        if len(values) == len(items) and len(set(values)) == len(values):
+            return key
+    return None
 
 
 def now_iso() -> str:
@@ -78,6 +95,11 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     deployment: JSON | None = None
+    gateway: JSON | None = None
+    """The live gateway Deployment (more than one pod)."""
+    gateway_wanted: bool = False
+    pods: list[JSON] | None = None
+    """The serving pods (None: they could not be listed)."""
     status_written: bool = False
     scrape: Scrape | None = None
     status: JSON = field(default_factory=dict)
@@ -143,14 +165,16 @@ def _policy_ref(body: JSON) -> b.PolicyRef:
     )
 
 
-def _remove_stale_ingress(kube: Kube, ref: b.PolicyRef, out: Outcome) -> None:
-    live = kube.get("networking.k8s.io/v1", "Ingress", ref.namespace, ref.name)
+def _remove_stale(kube: Kube, ref: b.PolicyRef, api_version: str, kind: str, name: str,
+                  out: Outcome) -> None:
+    """Delete a child the spec no longer asks for, if this policy controls it."""
+    live = kube.get(api_version, kind, ref.namespace, name)
     if live is None:
         return
     owners = live.get("metadata", {}).get("ownerReferences") or []
     if any(o.get("uid") == ref.uid and o.get("controller") for o in owners):
-        kube.delete("networking.k8s.io/v1", "Ingress", ref.namespace, ref.name)
-        out.writes.append(f"delete Ingress {ref.namespace}/{ref.name}")
+        kube.delete(api_version, kind, ref.namespace, name)
+        out.writes.append(f"delete {kind} {ref.namespace}/{name}")
 
 
 def ensure_analyzer(kube: Kube, namespace: str, settings: b.OperatorSettings, out: Outcome) -> None:
@@ -193,12 +217,19 @@ def reconcile_children(kube: Kube, body: JSON, settings: b.OperatorSettings) -> 
         return out
     try:
         keys = tenant_keys(kube, ref.namespace, spec, out)
+        out.gateway_wanted = b.uses_gateway(spec.replicas)
         for child in b.build_policy_children(ref, spec, settings, keys):
             live = ensure(kube, child, out)
             if child["kind"] == "Deployment":
-                out.deployment = live
+                if child["metadata"]["name"] == ref.name:
+                    out.deployment = live
+                else:
+                    out.gateway = live
         if spec.ingress is None:
-            _remove_stale_ingress(kube, ref, out)
+            _remove_stale(kube, ref, "networking.k8s.io/v1", "Ingress", ref.name, out)
+        if not out.gateway_wanted:
+            for api_version, kind, name in gb.gateway_children_ids(ref):
+                _remove_stale(kube, ref, api_version, kind, name, out)
         ensure_analyzer(kube, ref.namespace, settings, out)
     except KubeError as err:
         out.errors.append(err.message)
@@ -219,11 +250,9 @@ def http_fetch(url: str, timeout_s: float) -> str:
     return body.decode()
 
 
-def metrics_targets(kube: Kube, body: JSON, spec_port: int) -> list[str]:
+def metrics_targets(pods: list[JSON], spec_port: int) -> list[str]:
     """``/metrics`` URLs of the policy's running pods (pod IP and the sidecar's admin
     port, which needs no key even with tenant keys on)."""
-    ref = _policy_ref(body)
-    pods = kube.list("v1", "Pod", ref.namespace, b.selector_string(ref.name))
     urls = []
     for pod in pods:
         status = pod.get("status") or {}
@@ -291,15 +320,15 @@ def reconcile(
     """Children, then status (written only when it changed). ``scraper``: also read metrics."""
     out = reconcile_children(kube, body, settings)
     ref = _policy_ref(body)
+    try:
+        out.pods = kube.list("v1", "Pod", ref.namespace, b.selector_string(ref.name))
+    except KubeError as err:
+        out.errors.append(err.message)
     scrape: Scrape | None = None
     if scraper is not None:
         spec, _ = spec_problems(body)
         spec = spec or SLOPolicySpec()
-        try:
-            urls = metrics_targets(kube, body, spec.sidecar.admin_port)
-        except KubeError as err:
-            out.errors.append(err.message)
-            urls = []
+        urls = metrics_targets(out.pods or [], spec.sidecar.admin_port)
         window = spec.reporting.attainment_window_seconds
         scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", urls, window)
         out.scrape = scrape
@@ -315,6 +344,9 @@ def reconcile(
         goodput_per_s=None if scrape is None else scrape.goodput_per_s,
         now=now or now_iso(),
         recent=None if scrape is None else scrape.recent,
+        pods=out.pods,
+        gateway=out.gateway,
+        gateway_wanted=out.gateway_wanted,
     )
     out.status = new
     patch = st.status_patch(old, new)

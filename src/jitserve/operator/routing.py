@@ -1,12 +1,21 @@
 """How clients and monitors reach a policy's pods (pure): the Service and the optional
-Ingress route only the sidecar's API port (``http``); the NetworkPolicy keeps vLLM's port
-and the sidecar's admin port (metrics, /debug/scheduler) to the monitoring and operator
-namespaces."""
+Ingress route only the sidecar's API port (``http``), the Ingress through the fleet's
+gateway when there is one (``spec.replicas`` > 1); the NetworkPolicy keeps vLLM's port
+and the sidecar's admin port (metrics, /debug/scheduler, the replica report) to the
+monitoring and operator namespaces and to the policy's own gateway and endpoint-picker
+pods, which place on the reports."""
 
 from __future__ import annotations
 
 from jitserve.operator import constants as c
-from jitserve.operator.naming import JSON, PolicyRef, child_meta, selector_labels
+from jitserve.operator.naming import (
+    JSON,
+    PolicyRef,
+    child_meta,
+    gateway_name,
+    selector_labels,
+    uses_gateway,
+)
 from jitserve.policy import SLOPolicySpec
 
 
@@ -25,12 +34,17 @@ def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
 
 def build_network_policy(ref: PolicyRef, watchers: list[str]) -> JSON:
     """Clients reach only the sidecar's API port; vLLM's port and the admin port (metrics,
-    /debug/scheduler) admit only the monitoring namespace and the operator's. The sidecar
+    /debug/scheduler) admit only the monitoring namespace and the operator's, and the
+    admin port the policy's gateway and endpoint-picker pods (its replica report). The sidecar
     reaches vLLM over the pod's loopback, which no NetworkPolicy filters. ``watchers``:
     the namespaces admitted to those ports."""
-    sources = [
+    sources: list[JSON] = [
         {"namespaceSelector": {"matchLabels": {c.NAMESPACE_NAME_LABEL: ns}}} for ns in watchers
     ]
+    placers = {"podSelector": {"matchExpressions": [
+        {"key": c.LABEL_POLICY, "operator": "In", "values": [ref.name]},
+        {"key": c.LABEL_COMPONENT, "operator": "In", "values": list(c.PLACER_COMPONENTS)},
+    ]}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -40,6 +54,7 @@ def build_network_policy(ref: PolicyRef, watchers: list[str]) -> JSON:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"ports": [{"protocol": "TCP", "port": "http"}]},
+                {"from": [placers], "ports": [{"protocol": "TCP", "port": c.ADMIN_PORT_NAME}]},
                 {
                     "from": sources,
                     "ports": [
@@ -53,16 +68,18 @@ def build_network_policy(ref: PolicyRef, watchers: list[str]) -> JSON:
 
 
 def build_ingress(ref: PolicyRef, spec: SLOPolicySpec) -> JSON | None:
+    """The Ingress to the gateway's Service with more than one pod, else the pods'."""
     ing = spec.ingress
     if ing is None:
         return None
+    target = gateway_name(ref.name) if uses_gateway(spec.replicas) else ref.name
     rule: JSON = {
         "http": {
             "paths": [
                 {
                     "path": ing.path,
                     "pathType": "Prefix",
-                    "backend": {"service": {"name": ref.name, "port": {"name": "http"}}},
+                    "backend": {"service": {"name": target, "port": {"name": "http"}}},
                 }
             ]
         }

@@ -21,7 +21,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from jitserve.policy import Attainment, Condition, ConditionType, SLOPolicyStatus
+from jitserve.operator.replica_status import gateway_status, replica_status
+from jitserve.policy import Attainment, Condition, ConditionType, GatewayStatus, SLOPolicyStatus
 
 JSON = dict[str, Any]
 
@@ -198,8 +199,12 @@ def conditions(
     errors: list[str],
     rollout: RolloutState | None,
     now: str,
+    gateway: GatewayStatus | None = None,
+    gateway_wanted: bool = False,
 ) -> list[Condition]:
-    """Ready / Progressing / Degraded from spec problems, apply errors and the rollout."""
+    """Ready / Progressing / Degraded from spec problems, apply errors and the rollout;
+    with a gateway wanted (more than one pod), Ready also needs a ready gateway pod (the
+    Ingress goes through it)."""
 
     def cond(kind: ConditionType, ok: bool, reason: str, message: str) -> Condition:
         return Condition(
@@ -239,7 +244,13 @@ def conditions(
         and rollout.available >= rollout.replicas
     )
     counts = f"{rollout.ready}/{rollout.replicas} replicas ready, {rollout.updated} updated"
-    if done:
+    gateway_ready = gateway is not None and gateway.ready_replicas > 0
+    if gateway_wanted:
+        shown = gateway or GatewayStatus()
+        counts += f"; gateway {shown.ready_replicas}/{shown.replicas} ready"
+    if done and gateway_wanted and not gateway_ready:
+        ready = cond(ConditionType.READY, False, "WaitingForGateway", counts)
+    elif done:
         ready = cond(
             ConditionType.READY, True, "Available" if rollout.replicas else "ScaledToZero", counts
         )
@@ -268,16 +279,23 @@ def build_status(
     goodput_per_s: float | None,
     now: str,
     recent: tuple[Outcomes, float] | None = None,
+    pods: list[JSON] | None = None,
+    gateway: JSON | None = None,
+    gateway_wanted: bool = False,
 ) -> JSON:
     """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics.
 
     ``recent``: outcome counts over the recent window and the seconds it covers
-    (:meth:`OutcomeHistory.recent`)."""
+    (:meth:`OutcomeHistory.recent`). ``pods``: the serving pods (None: not listed this
+    time, keep ``replicaStatus``); ``gateway``: the gateway's live Deployment, when
+    ``gateway_wanted`` (more than one pod)."""
     rollout = rollout_state(deployment)
+    fleet_gateway = gateway_status(gateway) if gateway_wanted else None
     conds = merge_conditions(
         old_status.get("conditions") or [],
         conditions(
-            generation=generation, problems=problems, errors=errors, rollout=rollout, now=now
+            generation=generation, problems=problems, errors=errors, rollout=rollout, now=now,
+            gateway=fleet_gateway, gateway_wanted=gateway_wanted,
         ),
     )
     model = SLOPolicyStatus(
@@ -286,8 +304,12 @@ def build_status(
         replicas=rollout.replicas if rollout else 0,
         ready_replicas=rollout.ready if rollout else 0,
         selector=selector,
+        replica_status=replica_status(pods) if pods is not None else [],
+        gateway=fleet_gateway,
     )
     status: JSON = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if pods is None and "replicaStatus" in old_status:
+        status["replicaStatus"] = old_status["replicaStatus"]
     metric_keys = (
         "effectiveCutoff",
         "attainment",

@@ -125,6 +125,12 @@ class Policy(ABC):
         the debug view show it."""
         return 0.0
 
+    def admit_priority(self) -> float:
+        """The lowest priority a request arriving now would start at while every batch
+        slot is taken (a replica report's marginal priority); 0: no bar (a policy
+        without one, or a free slot)."""
+        return 0.0
+
     def describe(self) -> dict[str, float]:
         """Live figures for metrics and status (e.g. the effective cutoff p)."""
         return {}

@@ -242,6 +242,12 @@ class GMAX(QueuedPolicy):
         self._planned.discard(r)
         self._running.discard(r)
 
+    def admit_priority(self) -> float:
+        """The group's bar: p x the B-th best live priority at the last frame (0 when the
+        live requests fit the batch), or, under overload, what the frame displaced."""
+        bar = max(self.group.threshold, self.group.frontier)
+        return bar if math.isfinite(bar) and bar > 0 else 0.0
+
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.group.cutoff, "median_priority": self.median_priority}
 

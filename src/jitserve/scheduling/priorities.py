@@ -57,6 +57,24 @@ class Speeds:
 
 
 @dataclass(slots=True)
+class RowSpeeds:
+    """Speeds and clock per row: one request scored on several engines in one call
+    (placement's replica-specific priority, :mod:`jitserve.placement.power_of_k`)."""
+
+    now_s: FloatArray
+    decode_s: FloatArray
+    prefill_s: FloatArray
+    token_s: FloatArray
+    batch: FloatArray
+    slots_bind: npt.NDArray[np.bool_]
+
+
+def _at(x: float | FloatArray, rows: npt.NDArray[np.intp]) -> float | FloatArray:
+    """``x`` at ``rows`` when it is per row, else the scalar itself."""
+    return x[rows] if isinstance(x, np.ndarray) else x
+
+
+@dataclass(slots=True)
 class Scores:
     priority: FloatArray
     """Goodput per unit of engine time, aged."""
@@ -79,7 +97,7 @@ def latency_tokens_reachable(
     first_index: FloatArray,
     count: FloatArray,
     start_s: FloatArray,
-    per_token_s: float,
+    per_token_s: float | FloatArray,
     due0_s: FloatArray,
     tbt_s: FloatArray,
 ) -> FloatArray:
@@ -161,13 +179,25 @@ def score_features(
     speeds: Speeds,
     spec: SLOPolicySpec,
     median_hint: float = 1.0,
+    rows: RowSpeeds | None = None,
 ) -> Scores:
-    """:func:`score` over requests given by their features (a waiting table's columns)."""
+    """:func:`score` over requests given by their features (a waiting table's columns);
+    with ``rows``, each row at its own clock and speeds (``now_s`` and ``speeds``' are
+    then unused but for ``z_q``)."""
     n = len(features)
     if n == 0:
         empty = np.zeros(0)
         return Scores(empty, empty, median_hint, empty, empty, empty, empty)
-    v, pf_s = speeds.decode_s, speeds.prefill_s
+    v: float | FloatArray
+    pf_s: float | FloatArray
+    token_s: float | FloatArray
+    now: float | FloatArray
+    if rows is None:
+        v, pf_s, token_s, now = speeds.decode_s, speeds.prefill_s, speeds.token_s, now_s
+        slot_s: float | FloatArray = v / speeds.batch if speeds.slots_bind else 0.0
+    else:
+        v, pf_s, token_s, now = rows.decode_s, rows.prefill_s, rows.token_s, rows.now_s
+        slot_s = np.where(rows.slots_bind, rows.decode_s / rows.batch, 0.0)
     generated = features.generated
     remaining = features.remaining  # the bound: the q-quantile
     typical = features.typical
@@ -182,9 +212,8 @@ def score_features(
     # Cost = share of engine time r will consume: with chunked prefill every prompt and
     # output token takes one unit of the iteration's token budget (token_s each); a
     # decode token also holds one of B batch slots for a step (v / B) while slots bind.
-    slot_s = v / speeds.batch if speeds.slots_bind else 0.0
-    cost = prefill_left * speeds.token_s + typical * max(speeds.token_s, slot_s)
-    work_s = (prefill_left + typical) * speeds.token_s
+    cost = prefill_left * token_s + typical * np.maximum(token_s, slot_s)
+    work_s = (prefill_left + typical) * token_s
     penalty = spec.scheduler.soft_penalty
     tokens_objective = spec.objective is Objective.TOKENS
     value = prompt + generated + typical if tokens_objective else np.ones(n)
@@ -194,16 +223,17 @@ def score_features(
         """Expected goodput if r started ``delay_s`` from now: the chance of finishing in
         time (decode steps left after the prefill, against the remaining length's
         distribution) x its tokens; latency: the tokens that would be on time."""
-        steps = (deadline - now_s - delay_s - prefill_left * pf_s) / v
+        steps = (deadline - now - delay_s - prefill_left * pf_s) / v
         gain = value * p_within(typical, remaining, steps, speeds.z_q) ** penalty
         if lat.size:
-            start = now_s + delay_s + prefill_left[lat] * pf_s
+            v_lat = _at(v, lat)
+            start = _at(now, lat) + delay_s + prefill_left[lat] * _at(pf_s, lat)
             ontime = latency_tokens_reachable(
-                generated[lat], typical[lat], start, v, due0[lat], tbt[lat]
+                generated[lat], typical[lat], start, v_lat, due0[lat], tbt[lat]
             )
             # a late first token earns nothing: the client has judged the stream slow
             # (TTFT), whatever later tokens could still catch up
-            late_start = (generated[lat] == 0) & (start + v > due0[lat] + 1e-9)
+            late_start = (generated[lat] == 0) & (start + v_lat > due0[lat] + 1e-9)
             if tokens_objective:  # its on-time output tokens: what the metric counts
                 gain[lat] = ontime * ~late_start
             else:
@@ -214,7 +244,9 @@ def score_features(
     latest_start = deadline - (prefill_left * pf_s + typical * v)
     due = deadline.copy()
     if lat.size:
-        latest_start[lat] = due0[lat] + generated[lat] * tbt[lat] - (prefill_left[lat] + 1) * pf_s
+        latest_start[lat] = (
+            due0[lat] + generated[lat] * tbt[lat] - (prefill_left[lat] + 1) * _at(pf_s, lat)
+        )
         due[lat] = due0[lat] + (generated[lat] + typical[lat] - 1) * tbt[lat]
     demoted_mask = ~np.isfinite(deadline) & ~is_latency
     gain[demoted_mask] = DEMOTED_GAIN * (prompt[demoted_mask] + typical[demoted_mask])
@@ -240,7 +272,7 @@ def score_features(
     median = float(np.median(positive)) if n > 1 and positive.size else median_hint
     if spec.scheduler.mechanisms.aging:
         priority += spec.scheduler.delta * median * waited
-    need = (deadline - now_s - prefill_left * pf_s) / typical
+    need = (deadline - now - prefill_left * pf_s) / typical
     if lat.size:
         need[lat] = tbt[lat]
     return Scores(priority, latest_start, median, work_s, due, gain, need)
@@ -252,7 +284,7 @@ def fair_claims(
     """Each tenant's claim in (0, 1]: ``share / (share + received)``, where ``share`` is
     its weight over the live tenants' weights and ``received`` its share of the decayed
     service; a tenant at its entitlement gets 1/2, one that received nothing gets 1."""
-    live = set(tenants)
+    live = sorted(set(tenants))  # a fixed order of the float sums, not the hash seed's
     weights = {t: fairness.weight_of(t) for t in live}
     weight_sum = sum(weights.values()) or 1.0
     total = sum(service.get(t, 0.0) for t in live)

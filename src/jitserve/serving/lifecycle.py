@@ -7,71 +7,44 @@ precondition:
 
     arrive -> (start_next -> delivered* -> finish | preempt -> start_next ...)
                                              | retire | cancel | fail
+            | withdraw (a copy, late binding: another replica started it)
+
+A program's side of these changes (its open calls, stage starts and shares, its end) is
+:class:`~jitserve.serving.programs.LivePrograms`, which only the lifecycle drives.
 
 It also builds the :class:`~jitserve.scheduling.base.EngineView` a policy plans with,
 applies the policy's :class:`~jitserve.scheduling.base.FramePlan`, refines length bounds
-and expected lengths, asks for stage shares, and produces one
-:class:`~jitserve.goodput.Outcome` per request and per compound program, scored by
-:mod:`jitserve.goodput`. The engine driving it (``jitserve.sim.engine`` with modelled
-time and KV, ``jitserve.sidecar.dispatcher`` with vLLM streams) is an :class:`Executor`:
-it runs what the lifecycle starts and stops what the lifecycle stops.
+and expected lengths, and records one :class:`~jitserve.goodput.Outcome` per request and
+per compound program, scored by :mod:`jitserve.goodput`. The engine driving it
+(``jitserve.sim.engine`` with modelled time and KV, ``jitserve.sidecar.dispatcher`` with
+vLLM streams) is an :class:`~jitserve.serving.interface.Executor`: it runs what the
+lifecycle starts and stops what the lifecycle stops; the plain data it gets back is in
+:mod:`~jitserve.serving.interface` too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.goodput import GoodputLedger, LogHistogram, Outcome, score_request
+from jitserve.goodput import GoodputLedger, Outcome, score_request
 from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request
 from jitserve.scheduling.base import EngineView, Policy, RetireReason
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
-from jitserve.serving.outcomes import program_outcome, request_outcome
+from jitserve.serving.interface import (
+    Copies,
+    Executor,
+    FrameResult,
+    LifecycleStats,
+    RemoteRefine,
+    Retired,
+)
+from jitserve.serving.outcomes import request_outcome
+from jitserve.serving.programs import LivePrograms
 from jitserve.serving.speed import SpeedMeter
 from jitserve.slo import LatencySLO
-
-RemoteRefine = Callable[[list[LiveRequest]], None]
-"""Asks a remote estimator (the analyzer) for new bounds of the given running requests;
-the answer comes back through :meth:`Lifecycle.refine`."""
-
-
-class Executor(Protocol):
-    """What the lifecycle needs of the engine that runs the requests."""
-
-    def sync(self, now_s: float) -> None:
-        """Bring every running request's ``generated`` up to ``now_s``."""
-
-    def stop(self, r: LiveRequest) -> None:
-        """Stop running ``r`` now, delivering (via :meth:`Lifecycle.delivered`) the
-        tokens it produced so far; ``r`` is still RUNNING during the call."""
-
-
-@dataclass(frozen=True, slots=True)
-class Retired:
-    request: LiveRequest
-    reason: RetireReason
-    outcome: Outcome | None
-    """The request's outcome, or its program's (given once, with the first member)."""
-
-
-@dataclass(slots=True)
-class FrameResult:
-    preempted: list[LiveRequest] = field(default_factory=list)
-    retired: list[Retired] = field(default_factory=list)
-    policy_s: float = 0.0
-
-
-@dataclass(slots=True)
-class LifecycleStats:
-    preemptions: int = 0
-    retired: int = 0
-    frames: int = 0
-    frame_seconds: LogHistogram = field(default_factory=LogHistogram)
 
 
 class Lifecycle:
@@ -90,11 +63,13 @@ class Lifecycle:
         self.estimator = estimator
         self.executor = executor
         self.speed = speed
-        self.stage_share = stage_share or UniformStageShare()
         self.ledger = ledger or GoodputLedger()
         self.refine_every = refine_every
         self.remote_refine: RemoteRefine | None = None
+        self.copies: Copies | None = None
+        """Set by a fleet that late-binds requests across replicas (:class:`Copies`)."""
         self.stats = LifecycleStats()
+        self.programs = LivePrograms(stage_share or UniformStageShare())
         self.running: dict[LiveRequest, None] = {}
         """Running requests in the order they started."""
         self.waiting: dict[LiveRequest, None] = {}
@@ -103,8 +78,6 @@ class Lifecycle:
         """Requests (not programs) waiting or running."""
         self._ontime: dict[LiveRequest, int] = {}
         self._last_token_s: dict[LiveRequest, float] = {}
-        self._members: dict[LiveProgram, list[LiveRequest]] = {}
-        self._stage_starts: dict[LiveProgram, list[float]] = {}
         self._rescore: dict[LiveRequest, None] = {}  # refined while waiting
 
     # ---- arrivals ---------------------------------------------------------------------
@@ -122,17 +95,7 @@ class Lifecycle:
     ) -> None:
         """Stage ``stage`` of ``lp`` starts: its sub-deadline is ``share`` of the program's
         deadline (default: the stage-share estimator's phi(stage))."""
-        assert not lp.ended, "a program that ended has no next stage"
-        assert lp.open_members == 0 or stage == lp.stage, "the previous stage is still open"
-        if stage != lp.stage or lp not in self._stage_starts:
-            lp.prev_stage_share = 0.0 if stage == 0 else lp.stage_share
-            lp.stage_share = (
-                share if share is not None else self.stage_share.stage_share(lp.program, stage)
-            )
-            lp.stage = stage
-            lp.stage_started_s = now_s
-            self._stage_starts.setdefault(lp, []).append(now_s)
-        lp.final_stage = final if final is not None else stage + 1 >= len(lp.program.stages)
+        self.programs.begin_stage(lp, stage, now_s, share, final)
 
     def arrive(
         self,
@@ -147,10 +110,7 @@ class Lifecycle:
         self._ontime[r] = 0
         self.live += 1
         if program is not None:
-            assert not program.ended, "a call arrived for a program that ended"
-            program.open_members += 1
-            program.prompt_tokens += req.prompt_tokens
-            self._members.setdefault(program, []).append(r)
+            self.programs.joined(program, r)
         self.waiting[r] = None
         self.policy.enqueue(r, now_s)
         return r
@@ -171,6 +131,8 @@ class Lifecycle:
             r.started_s = now_s
         r.prefilled = 0
         self.running[r] = None
+        if self.copies is not None:
+            self.copies.started(r, now_s)
         return r
 
     def progress(self, r: LiveRequest, generated: int) -> None:
@@ -233,12 +195,7 @@ class Lifecycle:
             )
             self.policy.on_finish(r, goodput, now_s)
             return self._record_request(r, goodput, met, now_s)
-        lp.open_members -= 1
-        lp.attained_tokens += r.generated
-        self._members[lp].remove(r)
-        outcome = None
-        if lp.open_members == 0 and lp.final_stage and not lp.ended:
-            outcome = self._end_program(lp, now_s, retired=False)
+        outcome = self._recorded(self.programs.finished(lp, r, now_s))
         self.policy.on_finish(r, 0 if outcome is None else outcome.goodput_tokens, now_s)
         return outcome
 
@@ -248,9 +205,7 @@ class Lifecycle:
     def expire_program(self, lp: LiveProgram, now_s: float) -> Outcome | None:
         """A program whose client never said its last call came ends at its deadline,
         once no call of it is open (missed)."""
-        if lp.ended or lp.open_members > 0 or now_s <= lp.deadline_abs_s:
-            return None
-        return self._end_program(lp, now_s, retired=False)
+        return self._recorded(self.programs.expire(lp, now_s))
 
     def preempt(self, r: LiveRequest, now_s: float) -> None:
         """Stop ``r`` and put it back in the queue; its tokens are kept and it resumes
@@ -267,7 +222,12 @@ class Lifecycle:
         self.policy.enqueue(r, now_s)
 
     def retire(self, r: LiveRequest, reason: RetireReason, now_s: float) -> list[Retired]:
-        """Overload control gives up on ``r`` (and on the rest of its program)."""
+        """Overload control gives up on ``r`` (and on the rest of its program). A waiting
+        copy of a late-bound request whose other copies still wait elsewhere is withdrawn
+        instead: the request is retired when its last copy goes."""
+        if r.phase is Phase.WAITING and self.copies is not None and self.copies.leaving(r):
+            self.withdraw(r)
+            return []
         if not self._leave(r):
             return []
         self.stats.retired += 1
@@ -280,8 +240,8 @@ class Lifecycle:
         self.policy.on_finish(r, 0, now_s)
         if lp.ended:
             return [Retired(r, reason, None)]
-        others = self._members.pop(lp, [])
-        gone = [Retired(r, reason, self._end_program(lp, now_s, retired=True))]
+        outcome, others = self.programs.retire(lp, now_s)
+        gone = [Retired(r, reason, self._recorded(outcome))]
         for member in others:
             gone += self.retire(member, reason, now_s)
         return gone
@@ -301,6 +261,19 @@ class Lifecycle:
         self.policy.on_finish(r, 0, now_s)
         return None if r.program is not None else self._record_request(r, 0, False, now_s)
 
+    def withdraw(self, r: LiveRequest) -> None:
+        """A waiting copy of ``r`` (late binding, :class:`Copies`) leaves this replica's
+        queue without an outcome: another replica started it, or this one gave up on it
+        while another copy still waits. The policy forgets it (no goodput is credited)."""
+        assert r.phase is Phase.WAITING, f"withdrawing {r.req.request_id} while {r.phase.value}"
+        assert r.program is None, "a compound call is never copied"
+        self.policy.remove(r)
+        del self.waiting[r]
+        r.phase = Phase.WITHDRAWN
+        self.live -= 1
+        self._ontime.pop(r, None)
+        self._rescore.pop(r, None)
+
     def _leave(self, r: LiveRequest) -> bool:
         """Take a waiting or running ``r`` out; False if it already left."""
         if r.phase is Phase.WAITING:
@@ -314,12 +287,8 @@ class Lifecycle:
         r.phase = Phase.RETIRED
         self.live -= 1
         self._last_token_s.pop(r, None)
-        lp = r.program
-        if lp is not None:
-            lp.open_members -= 1
-            members = self._members.get(lp)
-            if members is not None and r in members:
-                members.remove(r)
+        if r.program is not None:
+            self.programs.left(r.program, r)
         return True
 
     def switch_policy(self, policy: Policy, now_s: float) -> None:
@@ -391,16 +360,7 @@ class Lifecycle:
         self.ledger.record(outcome)
         return outcome
 
-    def _end_program(self, lp: LiveProgram, now_s: float, retired: bool) -> Outcome:
-        lp.ended = True
-        lp.retired = retired
-        self._members.pop(lp, None)
-        starts = self._stage_starts.pop(lp, [])
-        if not retired and starts:
-            ends = [*starts[1:], now_s]
-            self.stage_share.observe_program(
-                lp.program, [e - s for s, e in zip(starts, ends, strict=True)]
-            )
-        outcome = program_outcome(lp, now_s, retired)
-        self.ledger.record(outcome)
+    def _recorded(self, outcome: Outcome | None) -> Outcome | None:
+        if outcome is not None:
+            self.ledger.record(outcome)
         return outcome

@@ -6,7 +6,10 @@ Owner: the sidecar engineer. Modules:
 - :mod:`~jitserve.sidecar.api`: request bodies and per-request SLOs;
 - :mod:`~jitserve.sidecar.backend`: aiohttp client toward vLLM (token ids, priority, abort);
 - :mod:`~jitserve.sidecar.dispatcher`: frame loop, preemption as continuation, outcomes;
+- :mod:`~jitserve.sidecar.admission`: who may enter now (draining, backend down, queue
+  and program caps) and ``Retry-After``;
 - :mod:`~jitserve.sidecar.server`: aiohttp routes, streaming, errors, probes, metrics;
+- :mod:`~jitserve.sidecar.completions`: the scheduled chat and text completion routes;
 - :mod:`~jitserve.sidecar.config`: settings, hot-reloaded policy file, tenant keys;
 - :mod:`~jitserve.sidecar.metrics`: Prometheus families;
 - :mod:`~jitserve.sidecar.cli`: ``jitserve sidecar serve``.

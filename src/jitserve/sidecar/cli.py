@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +140,37 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         raise flag_error(err.errors(), FLAGS) from err
 
 
-def _run(coro: Any) -> None:
-    """Run on uvloop when it is installed (it halves the event loop's per-token cost)."""
+def serve_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]], *,
+                          hard_exit: bool = True, fast_loop: bool = True) -> None:
+    """Run ``serve(stop)``, with ``fast_loop`` on uvloop when it is installed (it halves
+    the event loop's per-token cost; grpc's asyncio does not run on it); SIGINT and
+    SIGTERM set ``stop``. With ``hard_exit``, exit the
+    process as soon as it returns: everything is closed by then (streams ended, sockets,
+    clients), and the interpreter's own teardown took up to 2 s on a loaded machine, past
+    the drain bound a pod's grace period counts on. The sidecar, gateway and picker
+    commands all run this way."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await serve(stop)
+
     try:
         import uvloop
     except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
+        fast_loop = False
+    if fast_loop:
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+    if hard_exit:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -157,27 +181,13 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop, drain_s=args.drain_seconds)
-
     try:
-        _run(main())
+        serve_until_signalled(lambda stop: serve(settings, stop, drain_s=args.drain_seconds))
     except PolicyError as err:
         raise _cli_error(f"policy file: {err}") from err
     except OSError as err:
         raise _cli_error(str(err)) from err
-    # Everything is closed (streams ended, sockets, vLLM client, analyzer client): exit
-    # now. The interpreter's own teardown took up to 2 s on a loaded machine, past the
-    # drain bound a pod's grace period counts on.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 def register(subparsers: Any) -> Any:

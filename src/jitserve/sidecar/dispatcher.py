@@ -2,7 +2,7 @@
 
 :class:`~jitserve.serving.lifecycle.Lifecycle` owns request state, policy calls, bounds,
 frames and outcomes (the simulator drives the very same one); this dispatcher is its
-:class:`~jitserve.serving.lifecycle.Executor` toward vLLM: streams, wall clock, health,
+:class:`~jitserve.serving.interface.Executor` toward vLLM: streams, wall clock, health,
 draining, client events.
 
 Dispatch keeps vLLM's batch full: vLLM runs ``max_running`` (B, its ``--max-num-seqs``)
@@ -15,16 +15,14 @@ remaining ``max_tokens``): the client's stream only pauses, every token arrives 
 order. A broken stream fails that request with an error event and marks the backend not
 ready; queued requests wait for it to come back. A *forwarded* request (structured
 outputs, tools, logprobs...: :mod:`~jitserve.sidecar.passthrough`) goes to vLLM's own
-endpoint as the client sent it, and is never preempted.
+endpoint as the client sent it, and is never preempted. Who may enter is
+:mod:`~jitserve.sidecar.admission`; when frames come, :mod:`~jitserve.sidecar.pacing`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,28 +34,24 @@ from jitserve.policy_batch import default_engine_queue
 from jitserve.requests import LiveRequest, LLMCall, Request
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import QuantileEstimator
-from jitserve.serving.lifecycle import Lifecycle, Retired
+from jitserve.serving.interface import Retired
+from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
+from jitserve.sidecar.admission import Admission
 from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Backend
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
 from jitserve.sidecar.engine_slo import engine_xargs
-from jitserve.sidecar.errors import (
-    APIError,
-    backend_down,
-    queue_full,
-    shutting_down,
-)
+from jitserve.sidecar.errors import APIError, shutting_down
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
-from jitserve.sidecar.pacing import FramePacer
+from jitserve.sidecar.pacing import FrameLoop, FramePacer
 from jitserve.sidecar.programs import ProgramBook
+from jitserve.sidecar.replica import TokenRate
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.sidecar.streams import StreamRunner
 from jitserve.slo import CompoundSLO
-
-log = logging.getLogger("jitserve.sidecar")
 
 PolicyFactory = Callable[[SLOPolicySpec], Policy]
 
@@ -108,16 +102,17 @@ class Dispatcher:
         self.bounds = AnalyzerBounds(self.lifecycle, metrics)
         self.analyzer = analyzer
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
+        self.admission = Admission(self.lifecycle, self.health, self.programs, metrics, spec,
+                                   max_running)
         self.pacer = FramePacer(self.speed, min_frame_s, max_frame_s)
+        self.frames = FrameLoop(self.frame_s, self.step, clock, min_frame_s * 5)
+        self.token_rate = TokenRate()
         self.jobs: dict[LiveRequest, Job] = {}
-        self.service_s = 2.0
         self.report = Reporter(metrics)
         self.streams = StreamRunner(self)
         self._ids = itertools.count()
         self._dispatch_seq = itertools.count()
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.draining = False
 
     @property
     def analyzer(self) -> Analyzer | None:
@@ -150,25 +145,30 @@ class Dispatcher:
     # ---- lifecycle of the dispatcher ----------------------------------------------------
     async def start(self) -> None:
         await self.health.check()
-        self._tasks = [asyncio.create_task(self._frame_loop(), name="jitserve-frames"),
+        self._tasks = [asyncio.create_task(self.frames.run(), name="jitserve-frames"),
                        asyncio.create_task(self.health.loop(), name="jitserve-health")]
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests (503) and wait until queued and running ones are done, at
         most ``timeout_s``."""
-        self.draining = True
+        self.admission.draining = True
         deadline = time.monotonic() + timeout_s
         while self.jobs and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
 
     async def shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self.fail(job, shutting_down())
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # asyncio.wait, not `suppress(CancelledError): await task`: that swallowed the
+        # caller's own cancel (the server bounds this call with asyncio.timeout), so one
+        # task or a backend close stuck on a silent vLLM held the exit forever (seen in CI)
+        if self._tasks:
+            done, _ = await asyncio.wait(self._tasks)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: an error here is the task's, not ours
         await self.backend.close()
 
     def new_request_id(self, prefix: str) -> str:
@@ -178,16 +178,13 @@ class Dispatcher:
     def frame_s(self) -> float:
         return self.pacer.frame_s(self.policy.frame_steps)
 
-    def retry_after_s(self) -> int:
-        backlog = self.policy.waiting() / max(self.max_running, 1) * self.service_s
-        return int(min(max(math.ceil(backlog), 1), 60))
-
     def snapshot(self) -> dict[str, Any]:
         return self.report.snapshot(self.lifecycle, self.spec, self.health, self.speed, {
             "max_running": self.max_running, "engine_queue": self.engine_queue,
             "frame_s": self.frame_s()})
 
-    def _gauges(self) -> None:
+    def update_gauges(self) -> None:
+        """Set the waiting and running gauges to now's counts (also before a scrape)."""
         self.report.gauges(self.policy.waiting(), len(self.lifecycle.running))
 
     # ---- hot reload ---------------------------------------------------------------------
@@ -199,28 +196,15 @@ class Dispatcher:
         else:
             self.lifecycle.switch_policy(self._factory(spec), self.clock())
         self.spec = spec
+        self.admission.configure(spec)
         estimator = self.lifecycle.estimator
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile
         self.lifecycle.refine_every = spec.scheduler.refine_every
         self.report.describe(self.policy, spec.fairness.weight)
-        self._wake.set()
+        self.frames.wake()
 
     # ---- arrivals -----------------------------------------------------------------------
-    def check_admission(self) -> None:
-        """Raise the APIError a new request gets now (draining, backend down, queue full)."""
-        if self.draining:
-            self.metrics.rejections.labels("draining").inc()
-            raise backend_down(2, "the sidecar is shutting down")
-        if not self.ready:
-            self.metrics.rejections.labels("backend_down").inc()
-            raise backend_down(self.retry_after_s(),
-                               f"the model backend is unavailable: {self.health.reason}")
-        if self.policy.waiting() >= self.spec.admission.queue_cap:
-            self.metrics.rejections.labels("queue_full").inc()
-            raise queue_full(self.retry_after_s(),
-                             f"the request queue is full ({self.spec.admission.queue_cap} waiting)")
-
     async def submit(self, req: Request, *, model: str, prompt_ids: list[int], max_tokens: int,
                      sampling: dict[str, Any] | None = None, min_tokens: int = 0,
                      program: ProgramRef | None = None,
@@ -228,7 +212,7 @@ class Dispatcher:
                      forward: dict[str, Any] | None = None, forward_path: str = "") -> Job:
         """Queue a request; raises APIError (429 queue full, 503 backend down). ``events``:
         the queue its handler reads (the server's is bounded for slow readers)."""
-        self.check_admission()
+        self.admission.check()
         lp = None
         if program is not None:
             assert isinstance(req.slo, CompoundSLO)
@@ -243,8 +227,8 @@ class Dispatcher:
         if events is not None:
             job.events = events
         self.jobs[live] = job
-        self._gauges()
-        self._wake.set()
+        self.update_gauges()
+        self.frames.wake()
         return job
 
     # ---- dispatch -----------------------------------------------------------------------
@@ -254,7 +238,7 @@ class Dispatcher:
             if r is None:
                 break
             self._dispatch(self.jobs[r], now)
-        self._gauges()
+        self.update_gauges()
 
     def _dispatch(self, job: Job, now: float) -> None:
         if job.segment == 0:  # first dispatch: the request's time in the queue
@@ -295,6 +279,7 @@ class Dispatcher:
                 self.metrics.kind_child("tbt", kind).observe(now - job.last_token_s)
             job.last_token_s = now
             job.segment_tokens += n
+            self.token_rate.add(n)
             self.lifecycle.delivered(live, now if n == 1 else np.full(n, now), live.generated)
             job.generated_ids.extend(ids)
         # a forwarded chunk counts as one waiting item however many tokens it holds
@@ -314,7 +299,7 @@ class Dispatcher:
         if outcome is not None:
             self.report.outcome(outcome, label(outcome))
         if live.started_s is not None:
-            self.service_s += 0.1 * (now - live.started_s - self.service_s)
+            self.admission.served(now - live.started_s)
         job.finish_reason = finish_reason
         job.events.put_nowait(Event(EventKind.DONE, finish_reason=finish_reason))
 
@@ -342,7 +327,7 @@ class Dispatcher:
         if job is None or job.done:
             return
         self._close(job, "retired")
-        error = retirement_error(gone.reason, self.retry_after_s(),
+        error = retirement_error(gone.reason, self.admission.retry_after_s(),
                                  self.spec.admission.max_waiting_seconds,
                                  streaming=job.live.first_token_s is not None)
         job.events.put_nowait(Event(EventKind.ERROR, error=error))
@@ -352,8 +337,8 @@ class Dispatcher:
         job.outcome = outcome
         self.report.ended(job.live)
         self.jobs.pop(job.live, None)
-        self._gauges()
-        self._wake.set()
+        self.update_gauges()
+        self.frames.wake()
 
     # ---- the lifecycle's executor -------------------------------------------------------
     def sync(self, now_s: float) -> None:
@@ -387,28 +372,7 @@ class Dispatcher:
             self._frame(now)
         self._admit(now)
 
-    async def _frame_loop(self) -> None:
-        last_frame = -math.inf
-        while True:
-            # the frame length follows the measured step time, re-read at every wake-up
-            wait = last_frame + self.frame_s() - self.clock()
-            if wait > 0:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
-                # that comes as the event is set (shutdown sets it), and the loop never ends
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(wait, self.pacer.min_frame_s * 5)):
-                        await self._wake.wait()
-            self._wake.clear()
-            now = self.clock()
-            due = now >= last_frame + self.frame_s()
-            if due:
-                last_frame = now
-            try:
-                self.step(now, due)
-            except Exception:  # a policy bug must not stop the loop
-                log.exception("scheduling frame failed")
-
     def _on_health(self, ready: bool) -> None:
         self.metrics.backend_up.set(1 if ready else 0)
         if ready:
-            self._wake.set()
+            self.frames.wake()

@@ -16,7 +16,8 @@ from jitserve.goodput import Outcome
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Request
 from jitserve.scheduling.base import Policy, RetireReason
-from jitserve.serving.lifecycle import FrameResult, Lifecycle, Retired
+from jitserve.serving.interface import FrameResult, Retired
+from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.errors import APIError, queue_full
 from jitserve.sidecar.health import BackendHealth

@@ -4,7 +4,7 @@ Who owns what:
 - the *workload* yields requests and compound programs in arrival order;
 - the :class:`~jitserve.serving.lifecycle.Lifecycle` (the same one the sidecar drives)
   owns request state, the policy calls, bounds, frames and outcomes;
-- this :class:`Engine` is its :class:`~jitserve.serving.lifecycle.Executor`: it owns
+- this :class:`Engine` is its :class:`~jitserve.serving.interface.Executor`: it owns
   modelled time, KV capacity, chunked prefill, continuous batching, the cost of recompute
   preemption and the wall time of tool calls between the stages of a compound program;
 - the *policy* owns the waiting queue and decides order, preemption and retirement, at
@@ -179,7 +179,7 @@ class Engine:
         g = self._timeline.steps if step is None else step
         return self._context_offset + len(self._decoding) * g
 
-    def _kv_used(self) -> int:
+    def kv_used_tokens(self) -> int:
         blocks_slack = self.running * self.profile.kv_block_tokens
         return self._decode_context() + self._kv_prefill_reserved + blocks_slack
 
@@ -201,7 +201,7 @@ class Engine:
             if r is None:
                 break
             need = r.prefill_target + profile.kv_block_tokens
-            if self._kv_used() + need > profile.kv_capacity_tokens:
+            if self.kv_used_tokens() + need > profile.kv_capacity_tokens:
                 break
             if not self.chunked and admitted and r.prefill_target > budget_left:
                 break
@@ -231,7 +231,7 @@ class Engine:
         elif self.live:
             raise RuntimeError(
                 f"engine stalled with {self.live} live requests and nothing runnable "
-                f"(waiting={self.policy.waiting()}, kv_used={self._kv_used()})"
+                f"(waiting={self.policy.waiting()}, kv_used={self.kv_used_tokens()})"
             )
         else:
             return False
@@ -320,7 +320,7 @@ class Engine:
         g = self._timeline.steps
         m = self._finish_heap[0][0] - g
         m = min(m, max(1, self.policy.frame_steps - self._steps_since_frame))
-        kv_room = profile.kv_capacity_tokens - self._kv_used()
+        kv_room = profile.kv_capacity_tokens - self.kv_used_tokens()
         if kv_room < d:
             self._kv_preempt()
             return

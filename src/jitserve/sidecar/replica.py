@@ -1,0 +1,186 @@
+"""What this sidecar tells a gateway about itself: the replica report (owner: sidecar,
+served as ``GET /v1/replica`` on the admin port; the fields are
+:class:`~jitserve.placement.base.ReplicaReport`'s, the JSON :mod:`jitserve.placement.wire`).
+
+Cheap and fresh: a report is built at most every :data:`MIN_PERIOD_S` and served from
+cache otherwise (a gateway fleet polls each sidecar ~10 times a second per gateway
+replica), and never served older than :data:`MAX_AGE_S`. Every figure has one owner
+elsewhere and is only read here: slots and queue from the lifecycle, the marginal priority
+from the policy (:meth:`~jitserve.scheduling.base.Policy.admit_priority`), speeds from the
+:class:`~jitserve.serving.speed.SpeedMeter`, programs from the program book, shedding (the
+queue is full) from the admission checks. Two figures are measured here: output tokens per
+second over the last :data:`RATE_WINDOW_S` (:class:`TokenRate`, fed by the dispatcher),
+and vLLM's KV-cache use (:class:`EngineMetrics`, vLLM's ``/metrics`` scraped every
+:data:`SCRAPE_S` in the background). The scrape and the tokens also say the engine is
+alive: a report whose last answered scrape and last token from vLLM are both older than
+:data:`ENGINE_STALE_S` says not ready, so a stopped vLLM leaves the gateway's picks in
+under two seconds, long before the dispatcher's own health check (three failures in a row)
+marks it down, while a busy one that is slow to answer ``/metrics`` but still streams
+tokens stays in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from jitserve.placement.base import ReplicaReport, program_key
+from jitserve.placement.wire import report_to_json
+from jitserve.slo import SLOKind
+
+log = logging.getLogger("jitserve.sidecar")
+
+MIN_PERIOD_S = 0.1
+MAX_AGE_S = 0.25
+RATE_WINDOW_S = 5.0
+SCRAPE_S = 0.25
+ENGINE_STALE_S = 1.5
+_KV = re.compile(rb"^vllm:(?:kv_cache_usage_perc|gpu_cache_usage_perc)(?:\{[^}]*\})?\s+(\S+)",
+                 re.MULTILINE)
+
+
+class TokenRate:
+    """Output tokens per second over the last ``window_s`` (per 0.1 s buckets)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._buckets: collections.deque[list[float]] = collections.deque()
+        self._started = clock()
+        self.last_s = -1e18
+        """When (``clock``) the last tokens came."""
+
+    def add(self, n: int) -> None:
+        now = self.last_s = self.clock()
+        slot = round(now, 1)
+        if self._buckets and self._buckets[-1][0] == slot:
+            self._buckets[-1][1] += n
+        else:
+            self._buckets.append([slot, float(n)])
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._buckets and self._buckets[0][0] < now - self.window_s:
+            self._buckets.popleft()
+
+    def per_s(self) -> float:
+        now = self.clock()
+        self._trim(now)
+        span = min(self.window_s, max(now - self._started, 0.1))
+        return sum(n for _, n in self._buckets) / span
+
+
+class EngineMetrics:
+    """vLLM's KV-cache use from its ``/metrics``, scraped in the background."""
+
+    def __init__(self, base_url: str) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.kv_usage = 0.0
+        self.scraped_s = -1e18
+        """When (monotonic) vLLM last answered its ``/metrics``."""
+        self.refused_s = -1e18
+        """When vLLM last refused the connection: gone, not slow."""
+        self._task: asyncio.Task[None] | None = None
+
+    def answering(self, heard_s: float) -> bool:
+        """vLLM answered a scrape, or sent a token (at ``heard_s``), recently, and has
+        not refused a connection since."""
+        last = max(self.scraped_s, heard_s)
+        return last > self.refused_s and time.monotonic() - last <= ENGINE_STALE_S
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="jitserve-engine-metrics")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=ENGINE_STALE_S * 2 / 3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await self.scrape(session)
+                await asyncio.sleep(SCRAPE_S)
+
+    async def scrape(self, session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.get(self.url) as resp:
+                body = await resp.read()
+        except aiohttp.ClientConnectorError:
+            self.refused_s = time.monotonic()
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        self.scraped_s = time.monotonic()  # it answers (a vLLM without metrics: 404)
+        if resp.status != 200:
+            return
+        found = _KV.search(body)
+        if found is not None:
+            with contextlib.suppress(ValueError):
+                self.kv_usage = min(max(float(found.group(1)), 0.0), 1.0)
+
+
+class ReplicaReporter:
+    """Builds and caches this sidecar's report. ``dispatcher`` is the sidecar's
+    :class:`~jitserve.sidecar.dispatcher.Dispatcher`; ``ready`` is its ``/ready``."""
+
+    def __init__(self, dispatcher: Any, ready: Callable[[], bool], name: Callable[[], str],
+                 engine: EngineMetrics) -> None:
+        self.dispatcher = dispatcher
+        self.ready = ready
+        self.name = name
+        self.engine = engine
+        self._cached: dict[str, Any] | None = None
+        self._built_s = -1e18
+
+    def json(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if self._cached is None or now - self._built_s >= MIN_PERIOD_S:
+            self._cached = report_to_json(self.build())
+            self._built_s = now
+        return self._cached
+
+    def build(self) -> ReplicaReport:
+        d = self.dispatcher
+        life, policy = d.lifecycle, d.policy
+        b = d.max_running
+        in_engine = len(life.running)
+        running = min(in_engine, b)
+        by_kind: dict[SLOKind, int] = collections.Counter()
+        prefill = output = 0
+        for r in life.waiting:
+            by_kind[r.req.kind] += 1
+        for r in (*life.running, *life.waiting):  # as the simulator's reports count them
+            prefill += max(r.prefill_target - r.prefilled, 0)
+            output += max(int(r.expected or r.bound) - r.generated, 0)
+        waiting = policy.waiting() + (in_engine - running)
+        return ReplicaReport(
+            replica=self.name(),
+            ready=self.ready() and self.engine.answering(d.token_rate.last_s),
+            at_s=time.time(),
+            max_running=b,
+            running=running,
+            waiting=waiting,
+            waiting_by_kind=dict(by_kind),
+            admit_priority=0.0 if running < b and waiting == 0 else policy.admit_priority(),
+            decode_s=d.speed.decode_step_s,
+            prefill_s=d.speed.prefill_s_per_token,
+            tokens_per_s=d.token_rate.per_s(),
+            kv_usage=self.engine.kv_usage,
+            outstanding_tokens=prefill + output,
+            programs=frozenset(program_key(tenant, pid) for tenant, pid in d.programs.programs),
+            shedding=d.admission.queue_full(),
+            token_s=d.speed.token_s,
+            prefill_tokens=prefill,
+        )
