@@ -129,6 +129,7 @@ def test_503_with_retry_after_when_no_replica_is_ready(fake: FakeVLLM, stack: St
     status, headers, doc = post(st.gateway.url + "/v1/completions", body(4))
     assert status == 503 and int(headers["Retry-After"]) >= 1, doc
     assert doc["error"]["code"] == "no_replica"
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
     assert get_json(st.gateway.admin_url + "/ready")[0] == 503
     fake.revive()
     wait_until("both back in the picks", lambda: len(st.gateway.ready()) == 2)
@@ -167,6 +168,7 @@ def test_429_with_retry_after_when_every_replica_sheds(stack: StackFactory) -> N
         (status, headers, doc), results = asyncio.run(scenario())
         assert status == 429 and int(headers["Retry-After"]) >= 1, doc
         assert doc["error"]["code"] == "all_replicas_shedding"
+        assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
         assert [len(r.token_ids) for r in results] == [4, 4, 4, 4]
     finally:
         held.close()
@@ -194,6 +196,7 @@ def test_in_flight_bound_answers_429(stack: StackFactory) -> None:
         for r in refused:
             assert r.status == 429 and r.error is not None, r
             assert r.error["code"] == "gateway_busy" and int(r.headers["Retry-After"]) >= 1
+            assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
         assert [len(r.token_ids) for r in results] == [3, 3]
         assert metric(st.gateway.metrics(), "jitserve_gateway_requests_total",
                       outcome="shed") == 20

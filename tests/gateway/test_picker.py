@@ -185,6 +185,7 @@ def test_an_empty_or_ineligible_subset_is_an_immediate_503(subset: list[str]) ->
     assert status == 503 and headers["retry-after"] == "1"
     assert headers["content-type"] == "application/json"
     assert body["error"]["code"] == "no_replica"
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
     assert p.placer.asks == []  # type: ignore[attr-defined]
 
 
@@ -217,6 +218,7 @@ def test_every_replica_shedding_is_an_immediate_429() -> None:
     assert body["error"]["type"] == "rate_limit_error"
     assert body["error"]["code"] == "all_replicas_shedding"
     assert headers["x-should-retry"] == "true"
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     # one replica with room takes it; the shedding ones are not offered as fallbacks
     assert set_headers(taken)["x-gateway-destination-endpoint"] == C
     assert p.stats.refusals == {429: 1} and p.stats.picks == 1

@@ -1,5 +1,5 @@
 """Power-of-K on crafted reports: the replica-specific GMAX priority, the admit bar, the
-refusals, sticky programs, the caller's subset and the sample of K."""
+refusals, the caller's subset and the sample of K."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from jitserve.placement.base import Ask, Pick, Refusal, ReplicaReport, program_key
+from jitserve.placement.base import Ask, Pick, Refusal, ReplicaReport
 from jitserve.placement.plugins import SampleK
 from jitserve.placement.power_of_k import PowerOfK, ReplicaPriorities
 from jitserve.placement.simple import SentSinceReport
-from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO
+from jitserve.slo import DeadlineSLO, LatencySLO
 
 NOW = 100.0
 
@@ -111,29 +111,6 @@ def test_refusals_503_none_ready_429_all_shedding() -> None:
     # one replica that does not shed takes it
     ok = placer.place(tight(), [*shedding, report("c")], NOW)
     assert picked(ok) == "c"
-
-
-def test_compound_calls_stick_to_the_replica_holding_their_book() -> None:
-    placer = PowerOfK(seed=2)
-    book = program_key("t", "prog-1")
-    holder = report("holder", running=7, decode_s=0.04, outstanding_tokens=9000,
-                    programs=frozenset({book}))
-    idle = report("idle", running=0, outstanding_tokens=0)
-    call = Ask("prog-1/1/0", "t", CompoundSLO(30.0), 300, 200, 100, NOW, program=book)
-    choice = placer.place(call, [idle, holder], NOW)
-    assert isinstance(choice, Pick) and (choice.replica, choice.fallbacks) == ("holder", ("idle",))
-    # a new program goes where it is best; its next call follows it before any report
-    # lists the program
-    first = Ask("prog-2/0/0", "t", CompoundSLO(30.0), 300, 200, 100, NOW,
-                program=program_key("t", "prog-2"))
-    where = picked(placer.place(first, [idle, holder], NOW))
-    assert where == "idle"
-    placer.placed(first, where)
-    busy_now = replace(idle, running=8, outstanding_tokens=50_000)
-    second = replace(first, request_id="prog-2/1/0")
-    assert picked(placer.place(second, [busy_now, holder], NOW)) == "idle"
-    # the holder left the fleet: the call is placed anyway
-    assert picked(placer.place(call, [idle], NOW)) == "idle"
 
 
 def test_the_callers_subset_limits_the_candidates() -> None:

@@ -351,7 +351,42 @@ def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], slo: 
     assert event.error.status == 429 and event.error.code == code
     assert event.error.headers()["x-should-retry"] == "true"
     assert event.error.retry_after_s is not None and event.error.retry_after_s >= 1
+    reason = "rejected-ttl-expired" if code == "waiting_time_exceeded" else "rejected-saturated"
+    assert event.error.headers()["x-llm-d-request-dropped-reason"] == reason
 
+
+
+def test_a_queue_ttl_ends_only_a_request_never_dispatched() -> None:
+    """``x-llm-d-inference-ttl``: the request still queued when it runs out ends with 429
+    ``ttl_expired`` and llm-d's dropped reason; one already dispatched is left alone."""
+    async def scenario() -> tuple[Job, Job, Job]:
+        d, _backend, clock = make_dispatcher(SLOPolicySpec(), batch=1)
+        running = await d.submit(Request("running", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                         max_tokens=200), model="fake", prompt_ids=[1] * 10,
+                                 max_tokens=200, queue_ttl_s=0.01)
+        d.step(clock.now, frame_due=True)
+        await settle()
+        assert running.segment == 1
+        queued = await d.submit(Request("queued", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                        max_tokens=5), model="fake", prompt_ids=[1] * 10,
+                                max_tokens=5, queue_ttl_s=0.01)
+        patient = await submit(d, Request("patient", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                          max_tokens=5))
+        async with asyncio.timeout(30):  # the TTL is 10 ms of the loop's clock
+            while not queued.done:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # past the running request's TTL too
+        return running, queued, patient
+
+    running, queued, patient = asyncio.run(scenario())
+    assert queued.outcome == "ttl_expired"
+    event = queued.events.get_nowait()
+    assert event.kind is EventKind.ERROR and event.error is not None
+    assert (event.error.status, event.error.code) == (429, "ttl_expired")
+    assert event.error.headers()["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+    assert event.error.headers()["Retry-After"]
+    assert not running.done and running.ttl_timer is not None
+    assert not patient.done  # no TTL of its own: the policy's waiting limit alone
 
 
 @body_timeout(60)

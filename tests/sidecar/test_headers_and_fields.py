@@ -64,6 +64,21 @@ def test_objective_class_and_deadline_headers_with_their_aliases() -> None:
                      "x-slo-deadline-ms": "900"}).slo == DeadlineSLO(1.5)
 
 
+@pytest.mark.parametrize(("raw", "seconds"), [
+    ("1500ms", 1.5), ("2s", 2.0), ("1m30s", 90.0), ("1.5h", 5400.0), (".25s", 0.25),
+    ("250000us", 0.25), ("250000\u00b5s", 0.25), ("0", None), ("0s", None)])
+def test_the_queue_ttl_is_a_go_duration(raw: str, seconds: float | None) -> None:
+    assert chat({}, {"x-llm-d-inference-ttl": raw}).queue_ttl_s == seconds
+    assert chat({}).queue_ttl_s is None
+
+
+@pytest.mark.parametrize("raw", ["", "5", "-1s", "1x", "1s2", "ms", "soon"])
+def test_a_bad_queue_ttl_is_a_400_naming_the_header(raw: str) -> None:
+    with pytest.raises(APIError) as err:
+        chat({}, {"x-llm-d-inference-ttl": raw})
+    assert err.value.status == 400 and err.value.param == "x-llm-d-inference-ttl"
+
+
 @pytest.mark.parametrize("name", ["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms", "x-slo-tbt-ms",
                                   "x-llm-d-slo-deadline-ms", "x-llm-d-inference-objective",
                                   "x-llm-d-slo-class"])

@@ -7,6 +7,7 @@ vLLM are in test_sidecar_vllm_faults.py).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -281,3 +282,39 @@ def test_admin_port_serves_metrics_and_debug_off_the_api_port(sidecar: Factory) 
     status, doc = get_json(admin + "/debug/scheduler")
     assert status == 200 and doc["ready"] is True
     assert get_json(admin + "/ready")[0] == 200
+
+
+def test_a_request_past_its_queue_ttl_gets_429_with_llm_ds_reason(tmp_path: Path) -> None:
+    """``x-llm-d-inference-ttl`` over HTTP: with the one batch slot held, a request that
+    names a TTL waits that long, then 429 ``ttl_expired`` with
+    ``x-llm-d-request-dropped-reason: rejected-ttl-expired``; the held one is unharmed."""
+    held = FakeVLLM(free_port(), interval_s=0.005, pause_at=1)
+    config = tmp_path / "policy.yaml"
+    config.write_text("{}")
+    s = SidecarProcess(f"http://127.0.0.1:{held.port}", config=config, max_running=1,
+                       extra_args=["--stall-timeout", "600"])
+    results: list[Any] = []
+    blocker = threading.Thread(target=lambda: results.append(
+        stream(s.url, {"prompt": [1, 2], "max_tokens": 4})))
+    try:
+        s.wait_ready()
+        blocker.start()
+        wait_until("the slot held", lambda: s.state()["running"] == 1)
+        status, headers, doc = post(s.url + "/v1/completions",
+                                    {"prompt": [1, 2], "max_tokens": 4},
+                                    {"x-llm-d-inference-ttl": "200ms"})
+        assert status == 429 and doc["error"]["code"] == "ttl_expired", doc
+        assert headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+        assert int(headers["Retry-After"]) >= 1
+        status, _, doc = post(s.url + "/v1/completions", {"prompt": [1], "max_tokens": 1},
+                              {"x-llm-d-inference-ttl": "soon"})
+        assert status == 400 and doc["error"]["param"] == "x-llm-d-inference-ttl"
+        held.loop.call_soon_threadsafe(held.resume.set)
+        blocker.join(60)
+        assert len(results[0].token_ids) == 4
+        assert metric(get_text(s.url + "/metrics"), "jitserve_requests_total",
+                      outcome="ttl_expired") == 1
+    finally:
+        held.loop.call_soon_threadsafe(held.resume.set)
+        s.close()
+        held.close()

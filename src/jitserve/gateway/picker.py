@@ -42,7 +42,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from jitserve.gateway import picker_wire as wire
 from jitserve.gateway.picker_ask import AskBuilder
-from jitserve.gateway.routing import Router
+from jitserve.gateway.routing import Router, refusal_error
 from jitserve.placement.base import Ask, Pick, Placer, Refusal, ReplicaReport
 from jitserve.sidecar.errors import APIError
 
@@ -63,18 +63,6 @@ class PickerStats:
     sticky: int = 0
     refusals: dict[int, int] = field(default_factory=dict)
     served_by_fallback: int = 0
-
-
-def refusal_error(refusal: Refusal) -> APIError:
-    """A refusal as the client sees it, with the gateway's codes: 429
-    ``all_replicas_shedding`` or 503 ``no_replica``, both retryable, with
-    ``Retry-After``."""
-    retry = max(1, round(refusal.retry_after_s))
-    if refusal.status == 429:
-        return APIError(429, refusal.reason, type_="rate_limit_error",
-                        code="all_replicas_shedding", retry_after_s=retry)
-    return APIError(refusal.status, refusal.reason, type_="service_unavailable",
-                    code="no_replica", retry_after_s=retry)
 
 
 class EndpointPicker:

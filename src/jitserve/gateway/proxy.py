@@ -33,7 +33,7 @@ from multidict import CIMultiDict
 
 from jitserve.gateway.fleet import Fleet
 from jitserve.gateway.metrics import GatewayMetrics
-from jitserve.sidecar.errors import APIError
+from jitserve.sidecar.errors import NO_ENDPOINTS, APIError
 
 log = logging.getLogger("jitserve.gateway")
 T = TypeVar("T")
@@ -118,7 +118,8 @@ class Forwarder:
         self.metrics.answered(None, "no_replica")
         raise APIError(503, "no replica could take the request"
                        + (f" (last: {last})" if last is not None else ""),
-                       type_="service_unavailable", code="no_replica", retry_after_s=1)
+                       type_="service_unavailable", code="no_replica", retry_after_s=1,
+                       dropped_reason=NO_ENDPOINTS)
 
     async def _watched(self, replica: str, awaitable: Any) -> Any:
         """``await awaitable``, abandoned (:class:`Failover`) if ``replica`` leaves the

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from jitserve.placement.base import Ask, Pick, Placer, Refusal, ReplicaReport, program_key
 from jitserve.sidecar.api import ParsedRequest
+from jitserve.sidecar.errors import NO_ENDPOINTS, SATURATED, APIError
 from jitserve.sidecar.intake import claimed_tenant
 
 DEFAULT_OUTPUT_BOUND = 1024
@@ -74,6 +75,18 @@ def ask_of(parsed: ParsedRequest, tenant: str, request_id: str, now_s: float) ->
     return Ask(request_id=request_id, tenant=tenant, slo=parsed.slo,
                prompt_tokens=prompt_tokens(parsed), output_bound=bound,
                typical_output=max(1, bound // 2), arrival_s=now_s, program=program)
+
+
+def refusal_error(refusal: Refusal) -> APIError:
+    """A refusal as the client sees it: 429 ``all_replicas_shedding`` or 503
+    ``no_replica``, both retryable, with ``Retry-After`` and llm-d's dropped reason."""
+    retry = max(1, round(refusal.retry_after_s))
+    if refusal.status == 429:
+        return APIError(429, refusal.reason, type_="rate_limit_error",
+                        code="all_replicas_shedding", retry_after_s=retry,
+                        dropped_reason=SATURATED)
+    return APIError(refusal.status, refusal.reason, type_="service_unavailable",
+                    code="no_replica", retry_after_s=retry, dropped_reason=NO_ENDPOINTS)
 
 
 class ProgramRoutes:

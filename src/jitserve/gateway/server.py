@@ -42,7 +42,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from jitserve.gateway.fleet import Fleet
 from jitserve.gateway.metrics import GatewayMetrics
 from jitserve.gateway.proxy import PLACED_ON, Forwarder
-from jitserve.gateway.routing import CHARS_PER_TOKEN, Router, ask_of, placement_tenant
+from jitserve.gateway.routing import (
+    CHARS_PER_TOKEN,
+    Router,
+    ask_of,
+    placement_tenant,
+    refusal_error,
+)
 from jitserve.gateway.settings import GatewaySettings
 from jitserve.placement.base import Ask, Refusal
 from jitserve.placement.registry import make_placer, use_policy
@@ -51,7 +57,7 @@ from jitserve.policy import SLOPolicySpec
 from jitserve.sidecar import intake, responses
 from jitserve.sidecar.api import Endpoint, parse_request
 from jitserve.sidecar.config import ConfigWatcher
-from jitserve.sidecar.errors import APIError, queue_full, request_timeout
+from jitserve.sidecar.errors import APIError, queue_full, request_timeout, shutting_down
 from jitserve.sidecar.server import serve_app
 from jitserve.slo import DeadlineSLO
 
@@ -182,8 +188,7 @@ class GatewayServer:
     async def _bounded(self, request: web.Request,
                        endpoint: Endpoint | None) -> web.StreamResponse:
         if self.draining:
-            raise APIError(503, "the gateway is shutting down", type_="service_unavailable",
-                           code="shutting_down", retry_after_s=2)
+            raise shutting_down("the gateway")
         if self.in_flight >= self.settings.max_in_flight:
             self.metrics.answered(None, "shed")
             raise queue_full(1, f"the gateway has {self.settings.max_in_flight} requests in "
@@ -245,11 +250,7 @@ class GatewayServer:
         outcome = decision.outcome
         if isinstance(outcome, Refusal):
             self.metrics.answered(None, "shed" if outcome.status == 429 else "no_replica")
-            code = "all_replicas_shedding" if outcome.status == 429 else "no_replica"
-            raise APIError(outcome.status, outcome.reason, code=code,
-                           type_="rate_limit_error" if outcome.status == 429
-                           else "service_unavailable",
-                           retry_after_s=max(1, round(outcome.retry_after_s)))
+            raise refusal_error(outcome)
         return await self.forwarder.forward(
             request, body, (outcome.replica, *outcome.fallbacks),
             lambda replica: self.router.placed(ask, replica))

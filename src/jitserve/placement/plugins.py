@@ -1,6 +1,8 @@
 """The generic placement plugins (owner: placement; pure): filters on readiness,
-the caller's subset, shedding and program stickiness; the sample of K; and
-load scorers. GMAX's own scorers are in :mod:`jitserve.placement.power_of_k`.
+the caller's subset and shedding; the sample of K; and load scorers. Program
+stickiness is not a plugin: the gateway's and the picker's
+:class:`~jitserve.gateway.routing.Router` owns it, for every placer, before any runs.
+GMAX's own scorers are in :mod:`jitserve.placement.power_of_k`.
 """
 
 from __future__ import annotations
@@ -76,30 +78,6 @@ def retry_after(reports: list[ReplicaReport]) -> float:
             per_request = r.outstanding_tokens / r.outstanding_requests / r.tokens_per_s
             best = min(best, per_request * max(r.waiting, 1) / max(r.max_running, 1))
     return float(min(max(math.ceil(best), 1), 60)) if math.isfinite(best) else 1.0
-
-
-class StickyProgram:
-    """A compound program's call goes to the replica holding the program's book
-    (``ReplicaReport.programs``), so one sidecar scores the whole program. Soft: if no
-    candidate holds it (a new program, or its replica left), every candidate stays."""
-
-    name = "sticky-program"
-    hard = False
-
-    def filter(
-        self, ask: Ask, reports: list[ReplicaReport], now_s: float, sent: SentSinceReport
-    ) -> list[ReplicaReport]:
-        if ask.program is None:
-            return reports
-        holding = [r for r in reports if ask.program in r.programs]
-        holding += [
-            r for r in reports if sent.program_at.get(ask.program) == r.replica
-            and r not in holding
-        ]
-        return holding or reports
-
-    def refuse(self, ask: Ask, reports: list[ReplicaReport]) -> Refusal | None:
-        return None
 
 
 class SampleK:

@@ -32,7 +32,6 @@ from jitserve.placement.plugins import (
     NotShedding,
     Ready,
     SampleK,
-    StickyProgram,
 )
 from jitserve.placement.simple import SentSinceReport
 from jitserve.policy import SLOPolicySpec
@@ -221,7 +220,7 @@ class GmaxValue:
 
 
 class PowerOfK(Pipeline):
-    """Filters ready -> allowed -> not-shedding -> sticky-program -> sample-k
+    """Filters ready -> allowed -> not-shedding -> sample-k
     (``k``: None = all); scorers by ``weights`` over :data:`DEFAULT_WEIGHTS` (gmax-admit
     and least-time at 1; gmax-value and least-tokens at 0, not run); picker max-score.
     ``spec``: the SLOPolicy whose GMAX settings score the request (objective, length
@@ -241,8 +240,7 @@ class PowerOfK(Pipeline):
             raise ValueError(f"unknown power-of-k scorer(s): {', '.join(sorted(unknown))}")
         super().__init__(
             "power-of-k",
-            [Ready(), Allowed(), NotShedding(), StickyProgram(),
-             SampleK(k, seed)],
+            [Ready(), Allowed(), NotShedding(), SampleK(k, seed)],
             [(w["gmax-admit"], GmaxAdmit(self.priorities)),
              (w["gmax-value"], GmaxValue(self.priorities)),
              (w["least-tokens"], LeastTokens()),

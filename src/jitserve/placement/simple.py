@@ -23,9 +23,6 @@ class SentSinceReport:
         self.tokens: dict[str, int] = {}
         self.prompts: dict[str, int] = {}
         """Prompt tokens sent (still to prefill, as far as the last report knows)."""
-        self.program_at: dict[str, str] = {}
-        """Where each program's calls went since that replica's report (stickiness before
-        the report lists the program)."""
 
     def placed(self, ask: Ask, replica: str) -> None:
         self.requests[replica] = self.requests.get(replica, 0) + 1
@@ -33,17 +30,11 @@ class SentSinceReport:
             self.tokens.get(replica, 0) + ask.prompt_tokens + ask.typical_output
         )
         self.prompts[replica] = self.prompts.get(replica, 0) + ask.prompt_tokens
-        if ask.program is not None:
-            self.program_at[ask.program] = replica
 
     def reported(self, report: ReplicaReport) -> None:
         self.requests.pop(report.replica, None)
         self.tokens.pop(report.replica, None)
         self.prompts.pop(report.replica, None)
-        if self.program_at:
-            self.program_at = {
-                p: at for p, at in self.program_at.items() if at != report.replica
-            }
 
 
 def no_replica() -> Refusal:

@@ -143,6 +143,9 @@ class ParsedRequest:
     of :data:`~jitserve.sidecar.fields.FORWARDED`: sent as is to vLLM's endpoint (never
     preempted)."""
     n: int = 1
+    queue_ttl_s: float | None = None
+    """How long it may wait before it is sent to the engine (``x-llm-d-inference-ttl``);
+    None: the policy's ``admission.maxWaitingSeconds`` alone."""
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -353,5 +356,6 @@ def parse_request(
         slo_class=slo_class, app=body.app or endpoint, program=program,
         return_token_ids=body.return_token_ids,
         forward=forward_body(raw) if forwarded else None, n=choices(raw),
+        queue_ttl_s=hdr.queue_ttl_s(headers),
     )
 

@@ -101,7 +101,8 @@ class CompletionRoutes:
                              max_tokens=max_tokens * parsed.n, sampling=parsed.sampling,
                              min_tokens=parsed.min_tokens, program=parsed.program,
                              events=events, forward=parsed.forward,
-                             forward_path=passthrough.path_of(parsed))
+                             forward_path=passthrough.path_of(parsed),
+                             queue_ttl_s=parsed.queue_ttl_s)
         events.on_overflow = lambda: d.cancel(job)
         return job, parsed
 

@@ -42,7 +42,7 @@ from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Backend
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
 from jitserve.sidecar.engine_slo import engine_xargs
-from jitserve.sidecar.errors import APIError, shutting_down
+from jitserve.sidecar.errors import APIError, shutting_down, ttl_expired
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
@@ -209,9 +209,11 @@ class Dispatcher:
                      sampling: dict[str, Any] | None = None, min_tokens: int = 0,
                      program: ProgramRef | None = None,
                      events: asyncio.Queue[Event] | None = None,
-                     forward: dict[str, Any] | None = None, forward_path: str = "") -> Job:
+                     forward: dict[str, Any] | None = None, forward_path: str = "",
+                     queue_ttl_s: float | None = None) -> Job:
         """Queue a request; raises APIError (429 queue full, 503 backend down). ``events``:
-        the queue its handler reads (the server's is bounded for slow readers)."""
+        the queue its handler reads (the server's is bounded for slow readers).
+        ``queue_ttl_s``: not dispatched by then, it ends with 429 ``ttl_expired``."""
         self.admission.check()
         lp = None
         if program is not None:
@@ -227,6 +229,9 @@ class Dispatcher:
         if events is not None:
             job.events = events
         self.jobs[live] = job
+        if queue_ttl_s is not None:
+            job.ttl_timer = asyncio.get_running_loop().call_later(
+                queue_ttl_s, self._expire, job, queue_ttl_s)
         self.update_gauges()
         self.frames.wake()
         return job
@@ -319,7 +324,18 @@ class Dispatcher:
             return
         self.lifecycle.cancel(job.live, self.clock())
         self._close(job, "cancelled")
-        self.report.cancelled(job.live.req)
+        self.report.dropped(job.live.req, "cancelled")
+
+    def _expire(self, job: Job, ttl_s: float) -> None:
+        """Its queue TTL ran out: if it was never dispatched, it leaves the queue (llm-d's
+        ``rejected-ttl-expired``); once dispatched the TTL no longer applies."""
+        if job.done or job.segment > 0:
+            return
+        self.lifecycle.cancel(job.live, self.clock())
+        self._close(job, "ttl_expired")
+        self.report.dropped(job.live.req, "ttl_expired")
+        job.events.put_nowait(Event(EventKind.ERROR,
+                                    error=ttl_expired(ttl_s, self.admission.retry_after_s())))
 
     def _retired(self, gone: Retired) -> None:
         self.report.retired(gone)
@@ -334,6 +350,8 @@ class Dispatcher:
 
     def _close(self, job: Job, outcome: str) -> None:
         job.done = True
+        if job.ttl_timer is not None:
+            job.ttl_timer.cancel()
         job.outcome = outcome
         self.report.ended(job.live)
         self.jobs.pop(job.live, None)

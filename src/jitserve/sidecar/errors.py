@@ -31,6 +31,16 @@ FINAL_CODES = frozenset({"slo_unreachable", "client_too_slow", "internal_error"}
 load, its reader is too slow, a bug."""
 
 
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
+"""llm-d's response header naming why a request never reached an engine
+(``pkg/epp/handlers/error``), on 429s and 503s alike, so a client or an SRE dashboard
+tells a full pool from an empty one without parsing the body."""
+SATURATED = "rejected-saturated"
+NO_ENDPOINTS = "rejected-no-endpoints"
+TTL_EXPIRED = "rejected-ttl-expired"
+SHUTTING_DOWN = "rejected-shutting-down"
+
+
 class APIError(Exception):
     """An HTTP error with an OpenAI error body."""
 
@@ -43,6 +53,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: int | None = None,
+        dropped_reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,6 +62,9 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        self.dropped_reason = dropped_reason
+        """llm-d's reason for a request refused before it reached the engine
+        (:data:`DROPPED_REASON`), sent beside the status."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -69,6 +83,8 @@ class APIError(Exception):
         out = {"x-should-retry": "true" if self.retryable else "false"}
         if self.retry_after_s is not None:
             out["Retry-After"] = str(max(1, int(self.retry_after_s)))
+        if self.dropped_reason is not None:
+            out[DROPPED_REASON] = self.dropped_reason
         return out
 
 
@@ -77,16 +93,23 @@ def bad_request(param: str, message: str, code: str = "invalid_value") -> APIErr
 
 
 def queue_full(retry_after_s: int, message: str = "the request queue is full",
-               code: str = "queue_full") -> APIError:
+               code: str = "queue_full", dropped_reason: str = SATURATED) -> APIError:
     """429 + ``Retry-After``: shed for load (``code`` says why)."""
     return APIError(429, message, type_="rate_limit_error", code=code,
-                    retry_after_s=retry_after_s)
+                    retry_after_s=retry_after_s, dropped_reason=dropped_reason)
+
+
+def ttl_expired(ttl_s: float, retry_after_s: int) -> APIError:
+    """429: the request's queue TTL (``x-llm-d-inference-ttl``) ran out before it was
+    sent to the engine."""
+    return queue_full(retry_after_s, f"not started within its queue TTL of {ttl_s:g} s "
+                      "(x-llm-d-inference-ttl)", code="ttl_expired", dropped_reason=TTL_EXPIRED)
 
 
 def backend_down(retry_after_s: int = 2,
                  message: str = "the model backend is unavailable") -> APIError:
     return APIError(503, message, type_="service_unavailable", code="backend_unavailable",
-                    retry_after_s=retry_after_s)
+                    retry_after_s=retry_after_s, dropped_reason=NO_ENDPOINTS)
 
 
 def backend_rejected(status: int, message: str, param: str | None = None) -> APIError:
@@ -118,9 +141,9 @@ def auth_unavailable(reason: str) -> APIError:
                     type_="service_unavailable", code="auth_unavailable", retry_after_s=5)
 
 
-def shutting_down() -> APIError:
-    return APIError(503, "the sidecar is shutting down", type_="service_unavailable",
-                    code="shutting_down", retry_after_s=2)
+def shutting_down(who: str = "the sidecar") -> APIError:
+    return APIError(503, f"{who} is shutting down", type_="service_unavailable",
+                    code="shutting_down", retry_after_s=2, dropped_reason=SHUTTING_DOWN)
 
 
 def slow_reader(limit: int) -> APIError:

@@ -45,7 +45,7 @@ class Job:
     generated_ids: list[int] = field(default_factory=list)
     done: bool = False
     outcome: str | None = None
-    """met | missed | retired | cancelled | error (a metrics label)."""
+    """met | missed | retired | cancelled | ttl_expired | error (a metrics label)."""
     finish_reason: str | None = None
     task: asyncio.Task[None] | None = None
     segment: int = 0
@@ -58,6 +58,8 @@ class Job:
     mark_s: float | None = None
     mark_tokens: int = 0
     vllm_priority: int = 0
+    ttl_timer: asyncio.TimerHandle | None = None
+    """Ends the request if it is still not dispatched when its queue TTL runs out."""
     forward: dict[str, Any] | None = None
     """A forwarded request's body, sent as is to vLLM's ``forward_path`` (plus its
     ``priority``); such a request is never preempted."""

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from jitserve import __version__
 from jitserve.requests import Request
 
-OUTCOMES = ("met", "missed", "retired", "cancelled", "error")
+OUTCOMES = ("met", "missed", "retired", "cancelled", "ttl_expired", "error")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
                     120.0)

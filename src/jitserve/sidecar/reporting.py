@@ -19,7 +19,7 @@ from jitserve.scheduling.base import Policy, RetireReason
 from jitserve.serving.interface import FrameResult, Retired
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
-from jitserve.sidecar.errors import APIError, queue_full
+from jitserve.sidecar.errors import TTL_EXPIRED, APIError, queue_full
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.metrics import SidecarMetrics
 
@@ -37,7 +37,7 @@ def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: fl
     if reason is RetireReason.MAX_WAITING:
         return queue_full(retry_after_s,
                           f"waiting time exceeded: not scheduled within {max_waiting_s:g} s",
-                          code="waiting_time_exceeded")
+                          code="waiting_time_exceeded", dropped_reason=TTL_EXPIRED)
     message = ("the SLO of this request can no longer be met under the current load "
                "(retired by overload control)")
     if not streaming:
@@ -68,9 +68,9 @@ class Reporter:
         if live.generated:
             self.metrics.generation_tokens.labels(req.tenant, req.model).inc(live.generated)
 
-    def cancelled(self, req: Request) -> None:
-        self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class,
-                                     "cancelled").inc()
+    def dropped(self, req: Request, status: str) -> None:
+        """It ended unserved: ``cancelled`` (its client left) or ``ttl_expired``."""
+        self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class, status).inc()
 
     def retired(self, gone: Retired) -> None:
         self.metrics.retirements.labels(gone.reason.value).inc()
