@@ -11,15 +11,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from jitserve.bench.stream import stream_completion
 from jitserve.devstack import vllm as vl
 from jitserve.placement.base import ReplicaReport
 from jitserve.placement.wire import report_from_json
-from jitserve.sidecar.replica import TokenRate
+from jitserve.sidecar.replica import IDLE_S, KV_QUERY, SCRAPE_S, EngineMetrics, TokenRate
 from jitserve.slo import SLOKind
 from tests.sidecar.conftest import Factory
-from tests.support.http import get_json
+from tests.support.http import get_json, get_text
 from tests.support.sidecar import SidecarProcess
 from tests.support.stall import StallRelay
 from tests.support.waiting import body_timeout, wait_until
@@ -112,3 +113,78 @@ def test_report_is_not_ready_while_vllm_is_down(tmp_path: Path) -> None:
         assert not r.ready and r.running == 0
     finally:
         s.close()
+
+
+class MetricsPages:
+    """A FAKE vLLM metrics endpoint (a real aiohttp server) counting its scrapes:
+    ``filters`` answers the name-filtered ``/metrics/`` as vLLM's mount does; without it
+    ``/metrics/`` is a 404, as on a vLLM whose mount does not filter."""
+
+    def __init__(self, filters: bool) -> None:
+        self.filters = filters
+        self.hits: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.hits.append(request.path + "?" * bool(request.query_string)
+                         + "&".join(f"name[]={n}" for n in request.query.getall("name[]", [])))
+        if request.path == "/metrics/" and not self.filters:
+            return web.Response(status=404)
+        body = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n"
+        if request.path == "/metrics":
+            body = "vllm:num_requests_running 0.0\n" + body
+        return web.Response(text=body)
+
+
+@pytest.mark.parametrize("filters", [True, False])
+def test_vllm_is_scraped_only_while_reports_are_wanted(filters: bool) -> None:
+    async def scenario() -> tuple[list[str], float]:
+        pages = MetricsPages(filters)
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", pages.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = vl.free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        now = [1000.0]
+        engine = EngineMetrics(f"http://127.0.0.1:{port}", clock=lambda: now[0])
+        engine.start()
+        try:
+            async with asyncio.timeout(60):
+                while not engine.dormant:  # no report wanted yet: it waits, scrapes nothing
+                    await asyncio.sleep(0.01)
+                assert pages.hits == []
+                engine.wanted()
+                while engine.kv_usage == 0.0:
+                    await asyncio.sleep(0.01)
+                now[0] += IDLE_S + 1  # nobody asked since: it stops
+                while not engine.dormant:
+                    await asyncio.sleep(0.01)
+                seen = len(pages.hits)
+                await asyncio.sleep(3 * SCRAPE_S)
+                assert len(pages.hits) == seen
+                assert not engine.answering(heard_s=-1e18)  # silence is not an answer
+                await engine.awake()  # a report asked for again: one scrape, then it says
+                assert len(pages.hits) > seen and engine.answering(heard_s=-1e18)
+        finally:
+            await engine.stop()
+            await runner.cleanup()
+        return pages.hits, engine.kv_usage
+
+    hits, kv = asyncio.run(scenario())
+    assert kv == 0.25
+    if filters:
+        assert set(hits) == {KV_QUERY}
+    else:  # one try of the filtered page, then the full one
+        assert hits[0] == KV_QUERY and set(hits[1:]) == {"/metrics"}
+
+
+def test_the_real_vllm_filters_its_metrics_by_name(vllm_url: str) -> None:
+    """What the sidecar asks vLLM for (:data:`KV_QUERY`) is the KV-cache gauge alone,
+    a fraction of the full page."""
+    full = get_text(vllm_url + "/metrics")
+    only = get_text(vllm_url + KV_QUERY)
+    assert "vllm:kv_cache_usage_perc" in only and "vllm:kv_cache_usage_perc" in full
+    assert "vllm:e2e_request_latency_seconds" in full
+    assert "vllm:e2e_request_latency_seconds" not in only
+    print(f"vLLM /metrics: {len(full)} bytes in full, {len(only)} filtered")
+    assert len(only) * 10 < len(full)

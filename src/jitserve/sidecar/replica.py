@@ -11,7 +11,9 @@ from the policy (:meth:`~jitserve.scheduling.base.Policy.admit_priority`), speed
 queue is full) from the admission checks. Two figures are measured here: output tokens per
 second over the last :data:`RATE_WINDOW_S` (:class:`TokenRate`, fed by the dispatcher),
 and vLLM's KV-cache use (:class:`EngineMetrics`, vLLM's ``/metrics`` scraped every
-:data:`SCRAPE_S` in the background). The scrape and the tokens also say the engine is
+:data:`SCRAPE_S` in the background while reports are asked for, and not at all once no
+gateway has asked for :data:`IDLE_S`: a sidecar alone costs its vLLM nothing; only the
+KV-cache gauge is asked for, :data:`KV_QUERY`). The scrape and the tokens also say the engine is
 alive: a report whose last answered scrape and last token from vLLM are both older than
 :data:`ENGINE_STALE_S` says not ready, so a stopped vLLM leaves the gateway's picks in
 under two seconds, long before the dispatcher's own health check (three failures in a row)
@@ -43,6 +45,14 @@ MAX_AGE_S = 0.25
 RATE_WINDOW_S = 5.0
 SCRAPE_S = 0.25
 ENGINE_STALE_S = 1.5
+IDLE_S = 5.0
+"""No report asked for this long: the scrape stops until the next one is."""
+KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+KV_QUERY = "/metrics/?" + "&".join(f"name[]={n}" for n in KV_GAUGES)
+"""vLLM's metrics mount (prometheus_client's ASGI app, behind the ``/metrics/`` path)
+exposes only the named families: the gauge alone, not every histogram of every route.
+A vLLM whose ``/metrics/`` does not filter (or answers no gauge there) is scraped at
+``/metrics``, in full, from then on."""
 _KV = re.compile(rb"^vllm:(?:kv_cache_usage_perc|gpu_cache_usage_perc)(?:\{[^}]*\})?\s+(\S+)",
                  re.MULTILINE)
 
@@ -80,22 +90,50 @@ class TokenRate:
 
 
 class EngineMetrics:
-    """vLLM's KV-cache use from its ``/metrics``, scraped in the background."""
+    """vLLM's KV-cache use from its ``/metrics``, scraped in the background while reports
+    are wanted (:meth:`wanted`)."""
 
-    def __init__(self, base_url: str) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
+    def __init__(self, base_url: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + KV_QUERY
+        self.clock = clock
         self.kv_usage = 0.0
         self.scraped_s = -1e18
         """When (monotonic) vLLM last answered its ``/metrics``."""
         self.refused_s = -1e18
         """When vLLM last refused the connection: gone, not slow."""
+        self.wanted_s = -1e18
+        """When a report was last asked for."""
+        self.scrapes = 0
+        self.dormant = False
+        """Waiting for a report to be wanted: no scrape runs."""
+        self._wake = asyncio.Event()
+        self._tried = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def wanted(self) -> None:
+        """A report is being built: keep scraping (start again, at once, if idle)."""
+        self.wanted_s = self.clock()
+        self._wake.set()
+
+    async def awake(self) -> None:
+        """Wanted again after a dormant spell: wait (bounded) for one scrape, so the first
+        report says what vLLM answers now rather than "not ready" for the silence."""
+        if not self.dormant:
+            return
+        self._tried.clear()
+        self.wanted()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._tried.wait(), ENGINE_STALE_S)
+
+    def idle(self) -> bool:
+        return self.clock() - self.wanted_s > IDLE_S
 
     def answering(self, heard_s: float) -> bool:
         """vLLM answered a scrape, or sent a token (at ``heard_s``), recently, and has
         not refused a connection since."""
         last = max(self.scraped_s, heard_s)
-        return last > self.refused_s and time.monotonic() - last <= ENGINE_STALE_S
+        return last > self.refused_s and self.clock() - last <= ENGINE_STALE_S
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="jitserve-engine-metrics")
@@ -110,7 +148,13 @@ class EngineMetrics:
         timeout = aiohttp.ClientTimeout(total=ENGINE_STALE_S * 2 / 3)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
+                if self.idle():
+                    self._wake.clear()
+                    self.dormant = True
+                    await self._wake.wait()
+                    self.dormant = False
                 await self.scrape(session)
+                self._tried.set()
                 await asyncio.sleep(SCRAPE_S)
 
     async def scrape(self, session: aiohttp.ClientSession) -> None:
@@ -118,14 +162,17 @@ class EngineMetrics:
             async with session.get(self.url) as resp:
                 body = await resp.read()
         except aiohttp.ClientConnectorError:
-            self.refused_s = time.monotonic()
+            self.refused_s = self.clock()
             return
         except (TimeoutError, aiohttp.ClientError, OSError):
             return
-        self.scraped_s = time.monotonic()  # it answers (a vLLM without metrics: 404)
-        if resp.status != 200:
+        self.scrapes += 1
+        self.scraped_s = self.clock()  # it answers (a vLLM without metrics: 404)
+        found = _KV.search(body) if resp.status == 200 else None
+        if found is None and self.url != self.base_url + "/metrics":
+            self.url = self.base_url + "/metrics"  # no filtering mount: the full page
+            log.info("vLLM's /metrics/ does not filter by name: scraping /metrics in full")
             return
-        found = _KV.search(body)
         if found is not None:
             with contextlib.suppress(ValueError):
                 self.kv_usage = min(max(float(found.group(1)), 0.0), 1.0)
@@ -152,6 +199,7 @@ class ReplicaReporter:
         return self._cached
 
     def build(self) -> ReplicaReport:
+        self.engine.wanted()
         d = self.dispatcher
         life, policy = d.lifecycle, d.policy
         b = d.max_running

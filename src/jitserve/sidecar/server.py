@@ -261,6 +261,7 @@ class SidecarServer:
     async def replica_report(self, request: web.Request) -> web.Response:
         """What a gateway places from (:mod:`~jitserve.sidecar.replica`)."""
         self._admin(request)
+        await self.engine_metrics.awake()
         return web.json_response(self.replica.json())
 
     async def ready(self, request: web.Request) -> web.Response:
