@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
+import aiohttp
 import pytest
 
-from jitserve.sidecar.backend import BackendUnavailable, VLLMBackend
+from jitserve.sidecar.backend import BackendStalled, BackendUnavailable, VLLMBackend
 
 
 class HangsUpFirst:
@@ -82,3 +84,47 @@ def test_a_stream_broken_after_tokens_is_not_sent_again() -> None:
     with pytest.raises(BackendUnavailable):
         asyncio.run(_dispatch(fake))
     assert fake.requests == 1
+
+
+def _timing_out_connects(backend: VLLMBackend, failures: int) -> list[int]:
+    """The session's connects time out ``failures`` times (a FAULT injected where a real
+    one needs a starved event loop), then go through; the list counts the tries."""
+    session = backend.session
+    real = session.request
+    tries = [0]
+
+    def request(*args: Any, **kwargs: Any) -> Any:
+        tries[0] += 1
+        if tries[0] <= failures:
+            raise aiohttp.ConnectionTimeoutError("Connection timeout to host")
+        return real(*args, **kwargs)
+
+    session.request = request  # type: ignore[method-assign]
+    return tries
+
+
+@pytest.mark.parametrize("failures", [1, 10])
+def test_a_connect_that_timed_out_is_tried_again_and_never_called_a_stall(
+        failures: int) -> None:
+    async def scenario() -> tuple[list[int], list[int]]:
+        fake = HangsUpFirst(hang_ups=0)
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        backend = VLLMBackend(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        tries = _timing_out_connects(backend, failures)
+        try:
+            ids: list[int] = []
+            async for chunk in backend.stream("m", [1, 2], 2, {}, 0, "r-1"):
+                ids += chunk.token_ids
+            return ids, tries
+        finally:
+            await backend.close()
+            server.close()
+
+    if failures == 1:
+        ids, tries = asyncio.run(scenario())
+        assert ids == [7, 8] and tries == [2]
+        return
+    with pytest.raises(BackendUnavailable) as err:
+        asyncio.run(scenario())
+    assert not isinstance(err.value, BackendStalled)
+    assert "no connection to the model backend within 3 s" in str(err.value)

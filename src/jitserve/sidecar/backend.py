@@ -142,19 +142,28 @@ class VLLMBackend:
         """Send one request; again when a pooled connection broke before any answer
         came (vLLM closed it while idle, or never read the request): vLLM either never
         got the request or aborts it on the disconnect, so nothing runs twice. Each
-        broken connection leaves the pool, so the tries end on a fresh one."""
+        broken connection leaves the pool, so the tries end on a fresh one. A connect
+        that timed out is tried again too: nothing was sent, and on a starved machine the
+        connect's timer can fire before the event loop sees the connection made."""
         url = self.base_url + path
         for _ in range(STALE_RETRIES):
             try:
                 return await self.session.request(method, url, json=body, headers=headers,
                                                   timeout=timeout)
+            except aiohttp.ConnectionTimeoutError as err:
+                log.info("%s %s: no connection within %g s (%s); trying again", method, path,
+                         self.connect_timeout_s, err)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
                 if isinstance(err, aiohttp.ClientConnectorError):
                     raise  # vLLM refuses connections: down, not a stale connection
                 log.info("%s %s: a pooled connection broke (%s); sending again", method,
                          path, err)
-        return await self.session.request(method, url, json=body, headers=headers,
-                                          timeout=timeout)
+        try:
+            return await self.session.request(method, url, json=body, headers=headers,
+                                              timeout=timeout)
+        except aiohttp.ConnectionTimeoutError as err:  # a TimeoutError: not a stall
+            raise BackendUnavailable(f"{path}: no connection to the model backend within "
+                                     f"{self.connect_timeout_s:g} s") from err
 
     def _stalled(self) -> BackendStalled:
         return BackendStalled(f"no data from the model backend for {self.stall_timeout_s:g} s "
