@@ -287,6 +287,16 @@ def serve(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
     """Run until SIGTERM/SIGINT; checkpoint on the way out."""
     from prometheus_client import start_http_server
 
+    # the handlers first: a SIGTERM right after "listening" (a test, a pod deleted at
+    # once) must checkpoint and exit 0, not find Python's default action still in place
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     core = AnalyzerCore(config)
     server, bound, health_servicer = build_server(core, f"{host}:{port}")
     server.start()
@@ -296,14 +306,6 @@ def serve(config: ServiceConfig, host: str, port: int, metrics_port: int | None,
     log.info("analyzer listening on %s:%d (metrics: %s, state: %s)", host, bound,
              metrics_port if metrics_port is not None else "off", config.state_dir or "none")
     print(f"analyzer listening on {host}:{bound}", flush=True)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(grace_s).wait()
