@@ -184,8 +184,12 @@ def test_in_flight_bound_answers_429(stack: StackFactory) -> None:
             async with aiohttp.ClientSession() as session:
                 tasks = [asyncio.create_task(stream_completion(session, st.gateway.url, body(3)))
                          for _ in range(2)]
-                await asyncio.to_thread(wait_until, "2 streams open", lambda: sum(
-                    s.state()["running"] for s in st.sidecars) == 2)
+                def open_or_ended() -> bool:
+                    ended = [t for t in tasks if t.done()]
+                    assert not ended, f"a held stream ended: {ended[0].result()}"
+                    return sum(s.state()["running"] for s in st.sidecars) == 2
+
+                await asyncio.to_thread(wait_until, "2 streams open", open_or_ended)
                 # 10x the bound at once: every one refused at once, none queued
                 refused = await asyncio.gather(*(
                     stream_completion(session, st.gateway.url, body(3)) for _ in range(20)))

@@ -117,14 +117,15 @@ class EngineMetrics:
         self._wake.set()
 
     async def awake(self) -> None:
-        """Wanted again after a dormant spell: wait (bounded) for one scrape, so the first
-        report says what vLLM answers now rather than "not ready" for the silence."""
+        """Wanted again after a dormant spell: wait for one scrape, at most
+        :data:`SCRAPE_S` (under a gateway's poll timeout), so the first report says what
+        vLLM answers now rather than "not ready" for the silence."""
         if not self.dormant:
             return
         self._tried.clear()
         self.wanted()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._tried.wait(), ENGINE_STALE_S)
+            await asyncio.wait_for(self._tried.wait(), SCRAPE_S)
 
     def idle(self) -> bool:
         return self.clock() - self.wanted_s > IDLE_S
