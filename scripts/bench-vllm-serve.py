@@ -41,6 +41,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 import urllib.error
@@ -206,7 +207,7 @@ def markdown(rows: list[dict[str, Any]], fronts: list[str], baseline: str) -> st
         for target in [*fronts, baseline]:
             mine = [r for r in group if r["target"] == target]
             if mine:
-                means[target] = {k: sum(r[k] or 0.0 for r in mine) / len(mine)
+                means[target] = {k: statistics.median(r[k] or 0.0 for r in mine)
                                  for k in ("request_throughput", "output_throughput",
                                            "request_goodput")}
         for name in fronts:
@@ -215,7 +216,7 @@ def markdown(rows: list[dict[str, Any]], fronts: list[str], baseline: str) -> st
             base = means[baseline]
             ratio = {k: means[name][k] / base[k] if base[k] else math.inf for k in base}
             lines.append(
-                f"- {rate:g} req/s: {name} / {baseline} throughput "
+                f"- {rate:g} req/s, medians of the rounds: {name} / {baseline} throughput "
                 f"{ratio['request_throughput']:.2f}x (output tokens "
                 f"{ratio['output_throughput']:.2f}x), request goodput "
                 f"{ratio['request_goodput']:.2f}x")
@@ -341,7 +342,9 @@ def main() -> int:
                        "load_start": load_start, "load_end": os.getloadavg()[0],
                        "client_warnings": warnings, **summarize_run(result)}
                 if target in dict(sidecars):
-                    row["dispatch_gap_ms"] = scheduler_state(url).get("dispatch_gap_ms")
+                    state = scheduler_state(url)
+                    for key in ("dispatch_gap_ms", "ttft_breakdown", "door"):
+                        row[key] = state.get(key)
                 rows.append(row)
                 print(f"  {row['request_throughput']:.2f} req/s, goodput "
                       f"{fmt(row['request_goodput'], '.2f')} req/s, {row['completed']} done, "

@@ -130,6 +130,14 @@ class AdmissionSettings(_Model):
     queue_cap: int = Field(
         default=4096, ge=1, le=1_000_000, description="Requests beyond this queue get HTTP 429."
     )
+    on_time_quantile: float = Field(
+        default=0.9, ge=0.0, le=0.999,
+        description="A latency request is refused at the door (HTTP 429, would_start_late) "
+        "when its first token, forecast from the queue ahead of it plus this quantile of "
+        "the forecast's observed error (actual minus forecast TTFT of recent requests), "
+        "would come after its TTFT target: the attainment served requests aim at. 0: no "
+        "door check.",
+    )
     overload_action: OverloadAction = Field(
         default=OverloadAction.DROP,
         description="A request whose deadline is out of reach: drop it (HTTP 503, "

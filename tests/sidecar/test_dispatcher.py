@@ -30,6 +30,7 @@ from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.api import ProgramRef
 from jitserve.sidecar.backend import Chunk
 from jitserve.sidecar.dispatcher import Dispatcher
+from jitserve.sidecar.errors import APIError
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
@@ -354,6 +355,59 @@ def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], slo: 
     reason = "rejected-ttl-expired" if code == "waiting_time_exceeded" else "rejected-saturated"
     assert event.error.headers()["x-llm-d-request-dropped-reason"] == reason
 
+
+
+@pytest.mark.parametrize("quantile", [0.9, 0.0])
+def test_a_latency_request_that_would_start_late_is_refused_at_the_door(
+        quantile: float) -> None:
+    """One slot, held by a latency stream; slots measured to free every ~0.5 s: an
+    arrival wanting its first token in 0.2 s is refused at once (429
+    ``would_start_late``), one with 2 s is queued; with ``onTimeQuantile: 0`` both wait.
+    Its TTFT breakdown and the door's figures are in the debug document and metrics."""
+    async def scenario() -> tuple[Dispatcher, Job | APIError]:
+        d, backend, clock = make_dispatcher(
+            load_policy({"admission": {"onTimeQuantile": quantile}}), batch=1)
+
+        async def run_ticks(n: int) -> None:
+            for _ in range(n):
+                clock.now += TICK
+                d.step(clock.now, frame_due=True)
+                await settle()
+                backend.tick()
+                await settle()
+
+        first = await submit(d, Request("first", "t1", LatencySLO(5.0, 1.0), 10, 0.0,
+                                        max_tokens=10))
+        await run_ticks(12)
+        assert first.outcome == "met"  # a slot was held ~0.45 s: the door's slot time
+        holder = await submit(d, Request("holder", "t1", LatencySLO(5.0, 1.0), 10,
+                                         clock.now, max_tokens=100))
+        await run_ticks(2)
+        patient = await submit(d, Request("patient", "t1", LatencySLO(2.0, 1.0), 10,
+                                          clock.now, max_tokens=5))
+        try:
+            hurried: Job | APIError = await submit(d, Request(
+                "hurried", "t1", LatencySLO(0.2, 1.0), 10, clock.now, max_tokens=5))
+        except APIError as err:
+            hurried = err
+        assert not holder.done and not patient.done
+        return d, hurried
+
+    d, hurried = asyncio.run(scenario())
+    door = d.snapshot()["door"]
+    assert d.snapshot()["ttft_breakdown"]["requests"] == 2  # first and holder
+    assert door["samples"] == 2 and door["slot_s"] == pytest.approx(0.47, abs=0.05)
+    text = d.metrics.render().decode()
+    assert 'jitserve_engine_first_token_seconds_count{queued_in_engine="no"} 2.0' in text
+    if quantile == 0.0:
+        assert isinstance(hurried, Job) and not hurried.done and door["refused"] == 0
+        return
+    assert isinstance(hurried, APIError), hurried
+    assert (hurried.status, hurried.code) == (429, "would_start_late")
+    assert hurried.headers()["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+    assert hurried.retry_after_s is not None and hurried.retry_after_s >= 1
+    assert door["refused"] == 1
+    assert 'jitserve_retirements_total{reason="would_start_late"} 1.0' in text
 
 
 def test_a_queue_ttl_ends_only_a_request_never_dispatched() -> None:

@@ -111,7 +111,8 @@ def test_should_retry_only_when_a_retry_can_help() -> None:
         assert error.headers()["x-should-retry"] == "false", error.code
     shed = [retirement_error(reason, 2, 60.0) for reason in RetireReason]
     assert [(e.status, e.code) for e in shed] == [(429, "waiting_time_exceeded"),
-                                                  (429, "slo_unreachable")]
+                                                  (429, "slo_unreachable"),
+                                                  (429, "would_start_late")]
     for error in (queue_full(2), backend_down(), *shed):
         assert error.headers()["x-should-retry"] == "true", error.code
         assert "Retry-After" in error.headers()

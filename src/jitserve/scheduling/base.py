@@ -57,6 +57,9 @@ class RetireReason(StrEnum):
     """Never started within ``admission.maxWaitingSeconds`` and not planned to be."""
     UNREACHABLE = "unreachable"
     """Its deadline cannot be met even if it ran alone at full speed from now."""
+    WOULD_START_LATE = "would_start_late"
+    """At the door: its first token, forecast with the forecast's observed error
+    (:mod:`~jitserve.serving.forecast`), would come after its TTFT target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,11 @@ class Policy(ABC):
     @abstractmethod
     def waiting(self) -> int:
         """How many requests wait."""
+
+    def ahead_of(self, r: LiveRequest) -> int:
+        """How many waiting requests the policy would start before ``r`` (default: all
+        the others)."""
+        return max(self.waiting() - 1, 0)
 
     @abstractmethod
     def configure(self, spec: SLOPolicySpec) -> None:
@@ -166,6 +174,9 @@ class QueuedPolicy(Policy):
 
     def waiting(self) -> int:
         return len(self.queue)
+
+    def ahead_of(self, r: LiveRequest) -> int:
+        return self.queue.ahead_of(r)
 
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         if self.overload is not None:

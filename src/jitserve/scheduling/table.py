@@ -259,6 +259,16 @@ class WaitingTable:
         seqs = self._i[3, candidates]
         return int(candidates[int(np.argmin(seqs))])
 
+    def ahead_of(self, r: LiveRequest) -> int:
+        """How many rows come before ``r`` in queue order (all of them if it is not in)."""
+        n = len(self.rows)
+        i = self._row.get(r)
+        if i is None:
+            return n
+        keys, seqs = self._f[11, :n], self._i[3, :n]
+        before = (keys < keys[i]) | ((keys == keys[i]) & (seqs < seqs[i]))
+        return int(np.count_nonzero(before))
+
     def peek(self) -> LiveRequest | None:
         i = self.best_row()
         return None if i is None else self.rows[i]

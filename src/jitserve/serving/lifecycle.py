@@ -33,6 +33,8 @@ from jitserve.goodput import GoodputLedger, Outcome, score_request
 from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request
 from jitserve.scheduling.base import EngineView, Policy, RetireReason
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
+from jitserve.scheduling.slack import is_latency
+from jitserve.serving.forecast import DoorView, FirstTokenForecast
 from jitserve.serving.interface import (
     Copies,
     Executor,
@@ -66,6 +68,8 @@ class Lifecycle:
         self.ledger = ledger or GoodputLedger()
         self.refine_every = refine_every
         self.remote_refine: RemoteRefine | None = None
+        self.refused: list[Retired] = []
+        """What the door retired at the last :meth:`arrive` (empty: it waits)."""
         self.copies: Copies | None = None
         """Set by a fleet that late-binds requests across replicas (:class:`Copies`)."""
         self.stats = LifecycleStats()
@@ -79,6 +83,12 @@ class Lifecycle:
         self._ontime: dict[LiveRequest, int] = {}
         self._last_token_s: dict[LiveRequest, float] = {}
         self._rescore: dict[LiveRequest, None] = {}  # refined while waiting
+        self.door = FirstTokenForecast()
+        """The on-time check of latency arrivals (``admission.onTimeQuantile``)."""
+        self.max_running = 0
+        """B, for the door's forecast (set by the driver; 0: no door check)."""
+        self._forecast: dict[LiveRequest, tuple[float, float]] = {}
+        """Latency arrivals waiting for their first token: (forecast s, arrived at)."""
 
     # ---- arrivals ---------------------------------------------------------------------
     def open_program(self, program: Program) -> LiveProgram:
@@ -104,7 +114,11 @@ class Lifecycle:
         program: LiveProgram | None = None,
         bound: int | None = None,
     ) -> LiveRequest:
-        """``req`` arrives (a compound call: in ``program``'s current stage) and waits."""
+        """``req`` arrives (a compound call: in ``program``'s current stage) and waits,
+        unless the door retires it at once (a latency request whose first token is
+        forecast past its target, :mod:`~jitserve.serving.forecast`): then its phase is
+        RETIRED and its outcome recorded, and :attr:`refused` holds it."""
+        self.refused = []
         r = LiveRequest(req=req, program=program)
         self.refine(r, bound)
         self._ontime[r] = 0
@@ -113,7 +127,24 @@ class Lifecycle:
             self.programs.joined(program, r)
         self.waiting[r] = None
         self.policy.enqueue(r, now_s)
+        self._at_door(r, now_s)
         return r
+
+    def _at_door(self, r: LiveRequest, now_s: float) -> None:
+        slo = r.req.slo
+        if not isinstance(slo, LatencySLO) or r.program is not None or self.max_running <= 0:
+            return
+        holding = sum(1 for x in self.running
+                      if not self.door.others_yield or is_latency(x) or not x.req.preemptible)
+        forecast = self.door.forecast_s(DoorView(
+            ahead=self.policy.ahead_of(r), running=holding,
+            max_running=self.max_running,
+            prefill_s=r.prefill_target * self.speed.prefill_s_per_token
+            + self.speed.decode_step_s))
+        if self.door.late(forecast, r.req.arrival_s + slo.ttft_s - now_s):
+            self.refused = self.retire(r, RetireReason.WOULD_START_LATE, now_s)
+            return
+        self._forecast[r] = (forecast, now_s)
 
     # ---- running ------------------------------------------------------------------------
     def peek_next(self, now_s: float) -> LiveRequest | None:
@@ -155,6 +186,9 @@ class Lifecycle:
             return
         if r.first_token_s is None:
             r.first_token_s = first
+            forecast = self._forecast.pop(r, None)
+            if forecast is not None:
+                self.door.observed(forecast[0], first - forecast[1])
         r.generated = max(r.generated, first_index + count)
         r.prefilled = r.prefill_target
         slo = r.req.slo
@@ -185,6 +219,9 @@ class Lifecycle:
         del self.running[r]
         r.phase = Phase.FINISHED
         self.live -= 1
+        if r.first_token_s is not None:
+            self.door.held_slot(now_s - r.first_token_s
+                                + r.prefill_target * self.speed.prefill_s_per_token)
         self.estimator.observe(r.req, r.generated)
         self._last_token_s.pop(r, None)
         ontime = self._ontime.pop(r, 0)
@@ -273,6 +310,7 @@ class Lifecycle:
         self.live -= 1
         self._ontime.pop(r, None)
         self._rescore.pop(r, None)
+        self._forecast.pop(r, None)
 
     def _leave(self, r: LiveRequest) -> bool:
         """Take a waiting or running ``r`` out; False if it already left."""
@@ -287,6 +325,7 @@ class Lifecycle:
         r.phase = Phase.RETIRED
         self.live -= 1
         self._last_token_s.pop(r, None)
+        self._forecast.pop(r, None)
         if r.program is not None:
             self.programs.left(r.program, r)
         return True

@@ -32,7 +32,7 @@ import numpy as np
 from jitserve.policy import SLOPolicySpec
 from jitserve.policy_batch import default_engine_queue
 from jitserve.requests import LiveRequest, LLMCall, Request
-from jitserve.scheduling.base import Policy
+from jitserve.scheduling.base import Policy, RetireReason
 from jitserve.scheduling.estimators import QuantileEstimator
 from jitserve.serving.interface import Retired
 from jitserve.serving.lifecycle import Lifecycle
@@ -99,6 +99,9 @@ class Dispatcher:
             stage_share=self.programs,
             refine_every=spec.scheduler.refine_every,
         )
+        self.lifecycle.max_running = max_running
+        self.lifecycle.door.quantile = spec.admission.on_time_quantile
+        self.lifecycle.door.others_yield = spec.scheduler.preemption.enabled
         self.bounds = AnalyzerBounds(self.lifecycle, metrics)
         self.analyzer = analyzer
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
@@ -197,6 +200,8 @@ class Dispatcher:
             self.lifecycle.switch_policy(self._factory(spec), self.clock())
         self.spec = spec
         self.admission.configure(spec)
+        self.lifecycle.door.quantile = spec.admission.on_time_quantile
+        self.lifecycle.door.others_yield = spec.scheduler.preemption.enabled
         estimator = self.lifecycle.estimator
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile
@@ -222,6 +227,11 @@ class Dispatcher:
                                           req.slo_class, LLMCall(req.prompt_tokens, max_tokens),
                                           self.clock())
         live = self.lifecycle.arrive(req, self.clock(), lp)
+        if self.lifecycle.refused:
+            for gone in self.lifecycle.refused:
+                self.report.retired(gone)
+            raise retirement_error(RetireReason.WOULD_START_LATE, self.admission.retry_after_s(),
+                                   self.spec.admission.max_waiting_seconds)
         self.bounds.arrived(live)
         job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
                   sampling=sampling or {}, min_tokens=min_tokens, forward=forward,
@@ -280,6 +290,9 @@ class Dispatcher:
             kind = live.req.kind.value
             if live.first_token_s is None:
                 self.metrics.kind_child("ttft", kind).observe(now - live.req.arrival_s)
+                assert live.started_s is not None
+                self.report.first_token(live.started_s - live.req.arrival_s,
+                                        now - job.dispatched_s, job.queued_in_engine)
             elif job.last_token_s is not None:
                 self.metrics.kind_child("tbt", kind).observe(now - job.last_token_s)
             job.last_token_s = now
@@ -373,6 +386,7 @@ class Dispatcher:
 
     # ---- frames -------------------------------------------------------------------------
     def _frame(self, now: float) -> None:
+        self.metrics.door_margin.set(self.lifecycle.door.margin_s())
         self.pacer.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
                            self.max_running)
         result = self.lifecycle.frame(now, self.max_running)

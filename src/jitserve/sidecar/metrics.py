@@ -11,6 +11,8 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
   histograms, labelled by ``kind``
 - ``jitserve_queue_depth``, ``jitserve_running_requests``
 - ``jitserve_queue_time_seconds{kind,tenant}``: arrival to first dispatch to vLLM
+- ``jitserve_engine_first_token_seconds{queued_in_engine}``: first dispatch to first
+  token (with the queue time: the TTFT's breakdown); ``jitserve_door_margin_seconds``
 - ``jitserve_preemptions_total``, ``jitserve_retirements_total{reason}``
 - ``jitserve_scheduler_frame_seconds`` (policy time per frame), ``jitserve_frames_total``
 - ``jitserve_analyzer_fallbacks_total``, ``jitserve_backend_up``,
@@ -90,6 +92,14 @@ class SidecarMetrics:
         self.queue_time = Histogram(
             "jitserve_queue_time_seconds", "Time from arrival to the first dispatch to vLLM.",
             ["kind", "tenant"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.engine_first_token = Histogram(
+            "jitserve_engine_first_token_seconds", "Time from a request's first dispatch to "
+            "vLLM to its first token: vLLM's own queue (queued_in_engine=yes: dispatched "
+            "beyond the B slots) plus its prefill.", ["queued_in_engine"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.door_margin = Gauge(
+            "jitserve_door_margin_seconds", "What the door adds to first-token forecasts: "
+            "admission.onTimeQuantile of recent actual minus forecast TTFT.", registry=r)
         self.running = Gauge("jitserve_running_requests", "Requests dispatched to vLLM now.",
                              registry=r)
         self.preemptions = Counter("jitserve_preemptions", "Requests preempted (aborted in vLLM, "

@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from jitserve.goodput import Outcome
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Request
@@ -38,6 +40,10 @@ def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: fl
         return queue_full(retry_after_s,
                           f"waiting time exceeded: not scheduled within {max_waiting_s:g} s",
                           code="waiting_time_exceeded", dropped_reason=TTL_EXPIRED)
+    if reason is RetireReason.WOULD_START_LATE:
+        return queue_full(retry_after_s, "the first token would come after the TTFT target "
+                          "under the current load (forecast at the door)",
+                          code="would_start_late")
     message = ("the SLO of this request can no longer be met under the current load "
                "(retired by overload control)")
     if not streaming:
@@ -52,6 +58,9 @@ class Reporter:
         self.dispatch_log: deque[dict[str, Any]] = deque(maxlen=2000)
         self.frame_log: deque[dict[str, Any]] = deque(maxlen=200)
         self.dispatch_gap = DispatchGap()
+        self.first_tokens: deque[tuple[float, float, bool]] = deque(maxlen=2000)
+        """Recent first tokens: (arrival to first dispatch s, dispatch to first token s,
+        dispatched beyond the B slots)."""
 
     def outcome(self, outcome: Outcome, status: str) -> None:
         labels = (outcome.tenant, outcome.kind.value, outcome.slo_class)
@@ -71,6 +80,23 @@ class Reporter:
     def dropped(self, req: Request, status: str) -> None:
         """It ended unserved: ``cancelled`` (its client left) or ``ttl_expired``."""
         self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class, status).inc()
+
+    def first_token(self, queue_s: float, engine_s: float, queued_in_engine: bool) -> None:
+        """A request's first token: its TTFT in two parts, the sidecar's and vLLM's."""
+        self.metrics.engine_first_token.labels("yes" if queued_in_engine else "no").observe(
+            engine_s)
+        self.first_tokens.append((queue_s, engine_s, queued_in_engine))
+
+    def ttft_breakdown(self) -> dict[str, Any] | None:
+        if not self.first_tokens:
+            return None
+        parts = np.array([(q, e, q + e) for q, e, _ in self.first_tokens])
+        p50, p90 = np.quantile(parts, [0.5, 0.9], axis=0) * 1e3
+        names = ("sidecar_queue_ms", "engine_ms", "ttft_ms")
+        return {"requests": len(self.first_tokens),
+                "queued_in_engine": sum(q for _, _, q in self.first_tokens),
+                **{name: {"p50": round(float(a), 1), "p90": round(float(b), 1)}
+                   for name, a, b in zip(names, p50, p90, strict=True)}}
 
     def retired(self, gone: Retired) -> None:
         self.metrics.retirements.labels(gone.reason.value).inc()
@@ -130,6 +156,9 @@ class Reporter:
             "frames": lifecycle.stats.frames,
             "policy_ms_p99": self.policy_ms_p99(),
             "dispatch_gap_ms": self.dispatch_gap.summary(),
+            "ttft_breakdown": self.ttft_breakdown(),
+            "door": {k: (None if math.isnan(v) else v)
+                     for k, v in lifecycle.door.describe().items()},
             "attainment": {k: (None if math.isnan(v) else v)
                            for k, v in lifecycle.ledger.attainment().items()},
             "running_requests": [{"request_id": r.req.request_id, "generated": r.generated,
