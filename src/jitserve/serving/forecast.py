@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jitserve.policy import SLOPolicySpec
+
 WINDOW = 256
 MIN_SAMPLES = 16
 SLOT_EWMA = 0.05
@@ -71,10 +73,16 @@ class FirstTokenForecast:
         """Running requests other than latency streams give way to an urgent arrival
         (the policy preempts): they are not counted as holding a slot."""
         self.slot_s = math.nan
-        """Mean seconds a request holds an engine slot (first dispatch to finish)."""
+        """Mean seconds a request holds an engine slot (its prefill at the measured speed,
+        then first token to finish)."""
         self._residuals: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self.last_forecast_s = math.nan
         self.refused = 0
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        """The policy's settings: the quantile, and whether the policy preempts."""
+        self.quantile = spec.admission.on_time_quantile
+        self.others_yield = spec.scheduler.preemption.enabled
 
     def held_slot(self, seconds: float) -> None:
         """A request finished after holding a slot for ``seconds``."""

@@ -100,8 +100,7 @@ class Dispatcher:
             refine_every=spec.scheduler.refine_every,
         )
         self.lifecycle.max_running = max_running
-        self.lifecycle.door.quantile = spec.admission.on_time_quantile
-        self.lifecycle.door.others_yield = spec.scheduler.preemption.enabled
+        self.lifecycle.door.configure(spec)
         self.bounds = AnalyzerBounds(self.lifecycle, metrics)
         self.analyzer = analyzer
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
@@ -200,8 +199,7 @@ class Dispatcher:
             self.lifecycle.switch_policy(self._factory(spec), self.clock())
         self.spec = spec
         self.admission.configure(spec)
-        self.lifecycle.door.quantile = spec.admission.on_time_quantile
-        self.lifecycle.door.others_yield = spec.scheduler.preemption.enabled
+        self.lifecycle.door.configure(spec)
         estimator = self.lifecycle.estimator
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile

@@ -104,7 +104,6 @@ class EngineMetrics:
         """When vLLM last refused the connection: gone, not slow."""
         self.wanted_s = -1e18
         """When a report was last asked for."""
-        self.scrapes = 0
         self.dormant = False
         """Waiting for a report to be wanted: no scrape runs."""
         self._wake = asyncio.Event()
@@ -167,7 +166,6 @@ class EngineMetrics:
             return
         except (TimeoutError, aiohttp.ClientError, OSError):
             return
-        self.scrapes += 1
         self.scraped_s = self.clock()  # it answers (a vLLM without metrics: 404)
         found = _KV.search(body) if resp.status == 200 else None
         if found is None and self.url != self.base_url + "/metrics":

@@ -30,6 +30,11 @@ def label(outcome: Outcome) -> str:
     return "met" if outcome.met else "missed"
 
 
+def nan_as_null(figures: dict[str, float]) -> dict[str, float | None]:
+    """``figures`` for JSON: NaN (nothing measured yet) as null."""
+    return {k: None if math.isnan(v) else v for k, v in figures.items()}
+
+
 def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: float,
                      streaming: bool = False) -> APIError:
     """What a retired request gets. Before its first token it was shed for load: 429 +
@@ -157,10 +162,8 @@ class Reporter:
             "policy_ms_p99": self.policy_ms_p99(),
             "dispatch_gap_ms": self.dispatch_gap.summary(),
             "ttft_breakdown": self.ttft_breakdown(),
-            "door": {k: (None if math.isnan(v) else v)
-                     for k, v in lifecycle.door.describe().items()},
-            "attainment": {k: (None if math.isnan(v) else v)
-                           for k, v in lifecycle.ledger.attainment().items()},
+            "door": nan_as_null(lifecycle.door.describe()),
+            "attainment": nan_as_null(lifecycle.ledger.attainment()),
             "running_requests": [{"request_id": r.req.request_id, "generated": r.generated,
                                   "preemptions": r.preemptions} for r in running],
             "dispatches": list(self.dispatch_log),
