@@ -13,7 +13,7 @@ be the same for its decisions to be comparable).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +28,11 @@ from jitserve.scheduling.registry import make_policy
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.api import ProgramRef
-from jitserve.sidecar.backend import Chunk
 from jitserve.sidecar.dispatcher import Dispatcher
 from jitserve.sidecar.errors import APIError
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.sidecar.wire import DispatchSink
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 from tests.support.ledgers import RecordingLedger
 from tests.support.waiting import body_timeout
@@ -129,39 +129,39 @@ def drive_like_the_simulator(spec: SLOPolicySpec, batch: int, ticks: int) -> Tra
     return trace
 
 
+class Aborted:
+    def __init__(self, on_abort: Callable[[], object]) -> None:
+        self.on_abort = on_abort
+
+    def abort(self) -> None:
+        self.on_abort()
+
+
 class ScriptedBackend:
     """FAKE vLLM: each dispatch is a stream the test feeds one token per tick."""
 
     base_url = "fake://scripted"
 
     def __init__(self) -> None:
-        self.streams: dict[str, asyncio.Queue[Chunk | None]] = {}
+        self.streams: dict[str, DispatchSink] = {}
         self.remaining: dict[str, int] = {}
         self.order: list[str] = []
 
-    async def stream(self, model: str, prompt_ids: list[int], max_tokens: int,
-                     sampling: dict[str, Any], priority: int, request_id: str,
-                     ) -> AsyncIterator[Chunk]:
-        queue: asyncio.Queue[Chunk | None] = asyncio.Queue()
-        self.streams[request_id] = queue
+    def open_stream(self, model: str, prompt_ids: list[int], max_tokens: int,
+                    sampling: dict[str, Any], priority: int, request_id: str,
+                    sink: DispatchSink) -> Aborted:
+        self.streams[request_id] = sink
         self.remaining[request_id] = max_tokens
         self.order.append(request_id)
-        try:
-            while True:
-                chunk = await queue.get()
-                if chunk is None:
-                    return
-                yield chunk
-        finally:
-            self.streams.pop(request_id, None)
+        return Aborted(lambda: self.streams.pop(request_id, None))
 
     def tick(self) -> None:
-        for rid, queue in list(self.streams.items()):
+        for rid, sink in list(self.streams.items()):
             self.remaining[rid] -= 1
             done = self.remaining[rid] <= 0
-            queue.put_nowait(Chunk([7], "x", "length" if done else None))
-            if done:
-                queue.put_nowait(None)
+            sink.on_chunk([7], "x", "length" if done else None)
+            if done and self.streams.pop(rid, None) is not None:
+                sink.on_end(None)
 
     async def health(self) -> bool:
         return True

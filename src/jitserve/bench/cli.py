@@ -363,6 +363,10 @@ def _live(args: argparse.Namespace) -> int:
                 emit="step",
                 gateway=False,
                 rounds=1,
+                sidecar_cpus=None,
+                source_cpus=None,
+                sweep=None,
+                sweep_seconds=3.0,
                 out=out / "proxy_overhead.json",
             )
         )

@@ -1,11 +1,14 @@
-"""aiohttp client toward the vLLM OpenAI server the sidecar fronts (owner: sidecar).
+"""The sidecar's client of the vLLM OpenAI server it fronts (owner: sidecar).
 
 The sidecar speaks to vLLM in token ids only, so that a preempted request can resume
 exactly where it stopped: prompts are tokenized once with vLLM's ``/tokenize`` (chat
 messages through the model's chat template), and every dispatch is a streamed
 ``/v1/completions`` call with ``prompt`` = token ids, ``return_token_ids`` and vLLM's
-``priority``. Aborting a dispatch = closing its HTTP stream: vLLM aborts the request on
-client disconnect (``AsyncLLM.generate`` -> ``abort`` on cancellation).
+``priority``, read by :class:`jitserve.sidecar.wire.TokenStream` (the token path: no
+client library per token). Aborting a dispatch = closing its HTTP stream: vLLM aborts
+the request on client disconnect (``AsyncLLM.generate`` -> ``abort`` on cancellation).
+The rest (``/tokenize``, ``/v1/models``, health, forwarded requests) goes through one
+aiohttp session.
 
 Errors: :class:`BackendUnavailable` when vLLM cannot be reached or the stream breaks
 (connection refused/reset, truncated stream, engine dead: HTTP 5xx, or a 5xx error event
@@ -27,12 +30,20 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from jitserve.sidecar.upstream import (
+    BackendError,
+    BackendStalled,
+    BackendUnavailable,
+    error_message,
+    stream_error,
+)
 from jitserve.sidecar.watch import StallWatch
+from jitserve.sidecar.wire import DispatchSink, TokenStream, request_bytes
 
 log = logging.getLogger("jitserve.sidecar")
 
@@ -40,56 +51,9 @@ STALE_RETRIES = 2
 """Sends again of one request whose pooled connection broke before any answer."""
 
 
-class BackendUnavailable(Exception):
-    """vLLM is down, unreachable, or failed mid-stream."""
-
-
-class BackendStalled(BackendUnavailable):
-    """A running stream sent nothing for the stall timeout (vLLM frozen or wedged)."""
-
-
-class BackendError(Exception):
-    """vLLM rejected the request (4xx); ``status``, ``message`` and ``param`` come from
-    its error body (``param`` as vLLM names it: ``prompt`` is the token ids we sent)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-def stream_error(problem: Any) -> BackendError | BackendUnavailable:
-    """What an ``{"error": ...}`` event inside a vLLM stream means: vLLM puts the HTTP
-    status it would have answered in ``code``; a 4xx is about this request only."""
-    if not isinstance(problem, dict):
-        return BackendUnavailable(f"backend stream error: {problem}")
-    message = str(problem.get("message") or problem)
-    code = problem.get("code")
-    status = int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) \
-        else 0
-    if 400 <= status < 500:
-        param = problem.get("param")
-        return BackendError(status, message, str(param) if param else None)
-    return BackendUnavailable(f"backend stream error: {message}")
-
-
-@dataclass(slots=True)
-class Chunk:
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-
-
-def _error_message(status: int, body: bytes) -> tuple[str, str | None]:
-    try:
-        doc = json.loads(body)
-        err = doc.get("error", doc) if isinstance(doc, dict) else {}
-        if isinstance(err, dict):
-            return str(err.get("message") or body[:500].decode(errors="replace")), err.get("param")
-    except ValueError:
-        pass
-    return f"backend answered HTTP {status}: {body[:500].decode(errors='replace')}", None
+class Abortable(Protocol):
+    def abort(self) -> None:
+        """End the stream now, calling nothing back; vLLM aborts the request."""
 
 
 class Backend(Protocol):
@@ -97,9 +61,9 @@ class Backend(Protocol):
 
     base_url: str
 
-    def stream(self, model: str, prompt_ids: list[int], max_tokens: int,
-               sampling: dict[str, Any], priority: int, request_id: str,
-               ) -> AsyncIterator[Chunk]: ...
+    def open_stream(self, model: str, prompt_ids: list[int], max_tokens: int,
+                    sampling: dict[str, Any], priority: int, request_id: str,
+                    sink: DispatchSink) -> Abortable: ...
 
     async def health(self) -> bool: ...
 
@@ -114,6 +78,9 @@ class VLLMBackend:
     def __init__(self, base_url: str, connect_timeout_s: float = 3.0,
                  request_timeout_s: float = 30.0, stall_timeout_s: float | None = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
+        if urlsplit(self.base_url).scheme != "http":
+            raise ValueError(f"the model backend must be a plain http:// URL (vLLM in the "
+                             f"pod, on loopback), got {base_url!r}")
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.stall_timeout_s = stall_timeout_s or None
@@ -178,7 +145,7 @@ class VLLMBackend:
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
                 if resp.status >= 400:
-                    message, param = _error_message(resp.status, data)
+                    message, param = error_message(resp.status, data)
                     raise BackendError(resp.status, message, param)
                 return json.loads(data)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
@@ -217,16 +184,11 @@ class VLLMBackend:
         max_len = doc.get("max_model_len")
         return [int(t) for t in tokens], int(max_len) if isinstance(max_len, int) else None
 
-    async def stream(
-        self,
-        model: str,
-        prompt_ids: list[int],
-        max_tokens: int,
-        sampling: dict[str, Any],
-        priority: int,
-        request_id: str,
-    ) -> AsyncIterator[Chunk]:
-        """Stream one dispatch; closing the generator early aborts it in vLLM.
+    def open_stream(self, model: str, prompt_ids: list[int], max_tokens: int,
+                    sampling: dict[str, Any], priority: int, request_id: str,
+                    sink: DispatchSink) -> Abortable:
+        """Start one dispatch (a :class:`jitserve.sidecar.wire.TokenStream`): its chunks
+        and its end go to ``sink``; ``abort()`` on the result aborts it in vLLM.
 
         Stall timeout: the answer's head must come within ``stall_timeout_s`` (vLLM sends
         it at once, queued or not), and once tokens flow, each next read too; else
@@ -242,20 +204,13 @@ class VLLMBackend:
             "priority": priority,
             "request_id": request_id,
         }
-        ids_seen = False
-
-        def flowing(doc: dict[str, Any]) -> bool:
-            nonlocal ids_seen
-            ids_seen = ids_seen or any(c.get("token_ids") for c in doc.get("choices") or ())
-            return ids_seen
-
-        async for doc in self._post_sse("/v1/completions", body, {"X-Request-Id": request_id},
-                                        flowing):
-            choices = doc.get("choices")
-            if choices:
-                choice = choices[0]
-                yield Chunk(choice.get("token_ids") or [], choice.get("text") or "",
-                            choice.get("finish_reason"))
+        url = urlsplit(self.base_url)
+        host, port = url.hostname or "127.0.0.1", url.port or 80
+        stream = TokenStream(sink, request_bytes(url.netloc, url.path + "/v1/completions", body,
+                                                 {"X-Request-Id": request_id}),
+                             self.stall_timeout_s)
+        stream.open(host, port, self.connect_timeout_s)
+        return stream
 
     async def forward(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Send ``body`` to vLLM's ``path`` as is; yield each SSE chunk of a streamed
@@ -273,7 +228,7 @@ class VLLMBackend:
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
                 if resp.status != 200:
-                    message, param = _error_message(resp.status, data)
+                    message, param = error_message(resp.status, data)
                     raise BackendError(resp.status, message, param)
             doc = json.loads(data)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as err:
@@ -306,7 +261,7 @@ class VLLMBackend:
                 data = await resp.read()
                 if resp.status >= 500:
                     raise BackendUnavailable(f"{path}: HTTP {resp.status}")
-                message, param = _error_message(resp.status, data)
+                message, param = error_message(resp.status, data)
                 raise BackendError(resp.status, message, param)
             # Parse whole reads, not lines: one pass per network read, however many
             # events it holds (vLLM writes "data: {...}\n\n" per step and request).

@@ -50,7 +50,7 @@ from jitserve.sidecar.pacing import FrameLoop, FramePacer
 from jitserve.sidecar.programs import ProgramBook
 from jitserve.sidecar.replica import TokenRate
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
-from jitserve.sidecar.streams import StreamRunner
+from jitserve.sidecar.streams import ForwardTask, StreamRunner
 from jitserve.slo import CompoundSLO
 
 PolicyFactory = Callable[[SLOPolicySpec], Policy]
@@ -269,10 +269,14 @@ class Dispatcher:
                                   **engine_xargs(job.live, done, now, time.time())}
         job.vllm_priority = next(self._dispatch_seq)
         self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
-        run = (self.streams.forward(job, job.segment) if job.forward is not None else
-               self.streams.generate(job, job.segment, job.prompt_ids + job.generated_ids,
-                                     job.max_tokens - done, sampling, job.vllm_priority))
-        job.task = asyncio.create_task(run, name=f"jitserve-{job.request_id}-{job.segment}")
+        if job.forward is not None:
+            job.dispatch = ForwardTask(asyncio.create_task(
+                self.streams.forward(job, job.segment),
+                name=f"jitserve-{job.request_id}-{job.segment}"))
+        else:
+            job.dispatch = self.streams.generate(
+                job, job.segment, job.prompt_ids + job.generated_ids, job.max_tokens - done,
+                sampling, job.vllm_priority)
 
     def on_tokens(self, job: Job, ids: list[int], text: str,
                    raw: dict[str, Any] | None = None) -> None:
@@ -378,9 +382,9 @@ class Dispatcher:
         if job is None:
             return
         job.segment += 1  # the old stream's late chunks are ignored
-        if job.task is not None and job.task is not asyncio.current_task():
-            job.task.cancel()  # closes the stream: vLLM aborts the request
-        job.task = None
+        if job.dispatch is not None:
+            job.dispatch.abort()  # closes the stream: vLLM aborts the request
+        job.dispatch = None
 
     # ---- frames -------------------------------------------------------------------------
     def _frame(self, now: float) -> None:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from jitserve.requests import LiveRequest
+from jitserve.sidecar.backend import Abortable
 from jitserve.sidecar.errors import APIError
 
 
@@ -47,7 +48,8 @@ class Job:
     outcome: str | None = None
     """met | missed | retired | cancelled | ttl_expired | error (a metrics label)."""
     finish_reason: str | None = None
-    task: asyncio.Task[None] | None = None
+    dispatch: Abortable | None = None
+    """The dispatch running in vLLM (its stream), if any."""
     segment: int = 0
     """Dispatches so far; a stream of an older segment is stale and ignored."""
     dispatched_s: float = 0.0

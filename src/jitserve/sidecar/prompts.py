@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 from jitserve.sidecar.api import ParsedRequest
-from jitserve.sidecar.backend import BackendError, BackendUnavailable, VLLMBackend
+from jitserve.sidecar.backend import VLLMBackend
 from jitserve.sidecar.errors import APIError, backend_down, backend_rejected
+from jitserve.sidecar.upstream import BackendError, BackendUnavailable
 
 
 def served_model(parsed: ParsedRequest, models: list[str]) -> str:
@@ -27,7 +28,7 @@ def served_model(parsed: ParsedRequest, models: list[str]) -> str:
 class PromptReader:
     def __init__(self, backend: VLLMBackend) -> None:
         self.backend = backend
-        self._context: dict[str, int] = {}
+        self._context: dict[str, int | None] = {}
 
     async def context_len(self, model: str) -> int | None:
         """The model's context length from vLLM's model list (cached)."""
@@ -39,6 +40,7 @@ class PromptReader:
             for entry in doc.get("data", []):
                 if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int):
                     self._context[str(entry.get("id"))] = int(entry["max_model_len"])
+            self._context.setdefault(model, None)  # not listed: not asked again per request
         return self._context.get(model)
 
     async def tokenize(self, parsed: ParsedRequest, model: str) -> tuple[list[int], int | None]:

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -64,12 +64,22 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(internal_error(f"internal error ({type(err).__name__})"))
 
 
+class TokenWriter(Protocol):
+    """Writes a streaming client's tokens as they come (:class:`ChunkWriter`)."""
+
+    def write(self, event: Event) -> None: ...
+
+    def unsent_tokens(self) -> int: ...
+
+
 class BoundedEvents(asyncio.Queue[Event]):
     """The events of one request, at most ``limit`` tokens of them waiting to be sent.
 
     Past the limit the reader is too slow: later events are dropped, one final ERROR
     event (``client_too_slow``) is queued, and ``on_overflow`` (abort the request in
-    vLLM) is called once, soon after."""
+    vLLM) is called once, soon after. Once a streaming response sets ``writer``, tokens
+    skip the queue and are written to the client at once (no coroutine woken per token);
+    the unsent ones are then those in the client connection's buffer."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()
@@ -77,17 +87,22 @@ class BoundedEvents(asyncio.Queue[Event]):
         self.tokens = 0
         self.overflowed = False
         self.on_overflow: Callable[[], None] | None = None
+        self.writer: TokenWriter | None = None
 
     def put_nowait(self, item: Event) -> None:
         if self.overflowed:
             return
         if item.kind is EventKind.TOKENS:
             n = max(1, len(item.token_ids))
-            if self.tokens + n > self.limit:
+            unsent = self.tokens if self.writer is None else self.writer.unsent_tokens()
+            if unsent + n > self.limit:
                 self.overflowed = True
                 super().put_nowait(Event(EventKind.ERROR, error=slow_reader(self.limit)))
                 if self.on_overflow is not None:
                     asyncio.get_running_loop().call_soon(self.on_overflow)
+                return
+            if self.writer is not None and self.empty():
+                self.writer.write(item)
                 return
             self.tokens += n
         super().put_nowait(item)
@@ -151,10 +166,41 @@ async def collect(job: Job, parsed: ParsedRequest, first: Event) -> web.Response
     return web.json_response(body, headers={"x-jitserve-request-id": job.request_id})
 
 
+class ChunkWriter:
+    """One streaming client's token chunks, rendered from pre-built pieces (the per-token
+    work is one ``json.dumps`` of the text) and written straight to its connection in
+    aiohttp's own framing (HTTP/1.1 chunked), once aiohttp has sent the head."""
+
+    __slots__ = ("after", "before", "chunk_bytes", "chunked", "transport", "with_ids")
+
+    def __init__(self, transport: asyncio.Transport, before: str, after: str, with_ids: bool,
+                 chunked: bool) -> None:
+        self.transport = transport
+        self.before, self.after, self.with_ids, self.chunked = before, after, with_ids, chunked
+        self.chunk_bytes = 1
+
+    def render(self, event: Event) -> str:
+        ids = f', "token_ids": {json.dumps(event.token_ids)}' if self.with_ids else ""
+        return f"{self.before}{json.dumps(event.text)}{self.after}{ids}}}]}}\n\n"
+
+    def write(self, event: Event) -> None:
+        if self.transport.is_closing():
+            return  # the client is gone: aiohttp cancels the handler, which ends the job
+        data = self.render(event).encode()
+        self.chunk_bytes = len(data)
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+
+    def unsent_tokens(self) -> int:
+        return self.transport.get_write_buffer_size() // self.chunk_bytes
+
+
 async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: Event,
                  send_timeout_s: float) -> web.StreamResponse:
-    """SSE from the first event on. A client that takes nothing for ``send_timeout_s``
-    is cut off (its connection closed; the caller then cancels the job)."""
+    """SSE from the first event on. The events queued so far go through aiohttp (which
+    sends the head with them); later tokens are written by a :class:`ChunkWriter` as
+    they come; the ending goes through aiohttp again. A client that takes nothing for
+    ``send_timeout_s`` is cut off (its connection closed; the caller then cancels the
+    job), as is one that leaves ``max_buffered_tokens`` unsent."""
     resp = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no", "x-jitserve-request-id": job.request_id})
@@ -163,32 +209,35 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
     head = json.dumps({"id": job.request_id,
                        "object": "chat.completion.chunk" if chat else "text_completion",
                        "created": int(time.time()), "model": job.model})[:-1]
-    with_ids = parsed.return_token_ids
-    # Pre-rendered chunk pieces: the per-token work is one json.dumps of the text.
     if chat:
         before = f'data: {head}, "choices": [{{"index": 0, "delta": {{"content": '
-        after_open = '}, "logprobs": null, "finish_reason": null'
+        after = '}, "logprobs": null, "finish_reason": null'
     else:
         before = f'data: {head}, "choices": [{{"index": 0, "text": '
-        after_open = ', "logprobs": null, "finish_reason": null'
+        after = ', "logprobs": null, "finish_reason": null'
+    assert request.transport is not None
+    writer = ChunkWriter(request.transport, before, after,
+                         parsed.return_token_ids,
+                         resp.headers.get("Transfer-Encoding", "").lower() == "chunked")
     parts: list[str] = []
     if chat:
         parts.append(f'data: {head}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
                      f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n')
+    events = job.events
     event: Event | None = first
     final: Event | None = None
     watch = StallWatch(send_timeout_s)
     try:
         while True:
             while event is not None:
-                if event.kind is EventKind.TOKENS:
-                    ids = f', "token_ids": {json.dumps(event.token_ids)}' if with_ids else ""
-                    parts.append(f"{before}{json.dumps(event.text)}{after_open}{ids}}}]}}\n\n")
-                else:
+                if event.kind is not EventKind.TOKENS:
                     final = event
                     break
-                event = job.events.get_nowait() if not job.events.empty() else None
+                parts.append(writer.render(event))
+                event = events.get_nowait() if not events.empty() else None
             if final is not None:
+                if isinstance(events, BoundedEvents):
+                    events.writer = None
                 parts.append(stream_tail(job, parsed, head, final))
             if parts:
                 if not await send(request, resp, "".join(parts).encode(), watch):
@@ -196,9 +245,13 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                 parts.clear()
             if final is not None:
                 break
-            event = await job.events.get()
+            if isinstance(events, BoundedEvents) and events.empty():
+                events.writer = writer  # the head is out: tokens go straight to the client
+            event = await events.get()
     finally:
         watch.close()
+        if isinstance(events, BoundedEvents):
+            events.writer = None
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
     return resp

@@ -43,7 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.base import Policy
 from jitserve.sidecar import intake, request_ids, responses
-from jitserve.sidecar.backend import BackendUnavailable, VLLMBackend
+from jitserve.sidecar.backend import VLLMBackend
 from jitserve.sidecar.bounds import Analyzer
 from jitserve.sidecar.completions import CompletionRoutes
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
@@ -52,6 +52,7 @@ from jitserve.sidecar.errors import backend_down
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.prompts import PromptReader
 from jitserve.sidecar.replica import EngineMetrics, ReplicaReporter
+from jitserve.sidecar.upstream import BackendUnavailable
 from jitserve.sidecar.vllm_routes import TenantGate, add_vllm_routes
 
 log = logging.getLogger("jitserve.sidecar")
