@@ -2,10 +2,13 @@
 
 :func:`measure_proxy_overhead` streams N concurrent completions through a sidecar in its
 own process and directly against the backend, and reports receive time - emission time per
-token for each. The backend is :class:`TokenSource`, a synthetic OpenAI-compatible token
-source (not a model: it emits one chunk per token at a fixed interval and writes each
-token's emission time, ``time.monotonic_ns()``, as its text), run in its own process.
-``jitserve sidecar proxy-overhead`` and ``jitserve bench --proxy-overhead`` call it.
+token for each, and the sidecar's CPU per relayed token. The backend is
+:class:`jitserve.bench.token_wire.TokenSource` (not a model: one chunk per token at a
+fixed interval, each token's emission time as its text) in its own process; ``--sweep``
+measures one point per total rate and reports the knee; ``--sidecar-cpus`` /
+``--source-cpus`` pin the processes (the source and this client on one set, the proxies
+on the other), as ``taskset`` does. ``jitserve sidecar proxy-overhead`` and ``jitserve
+bench --proxy-overhead`` call it.
 
 With ``gateway=True`` (``--gateway``) a ``jitserve gateway`` process in front of that
 sidecar is measured too, in alternating rounds with the sidecar alone (``--rounds``), and
@@ -36,10 +39,10 @@ TokenSource = token_wire.TokenSource
 
 
 def run_token_source(port: int, interval_s: float, emit: str = "step") -> None:
-    _run(token_wire.serve_token_source(port, interval_s, emit))
+    run_async(token_wire.serve_token_source(port, interval_s, emit))
 
 
-def _run(main: Any) -> Any:
+def run_async(main: Any) -> Any:
     """``asyncio.run`` on uvloop where it is installed (the sidecar runs on it too)."""
     try:
         import uvloop
@@ -48,7 +51,7 @@ def _run(main: Any) -> Any:
     return uvloop.run(main)
 
 
-async def _measure(url: str, streams: int, tokens: int,
+async def measure_stamps(url: str, streams: int, tokens: int,
                    path: str = "/v1/completions") -> tuple[list[float], int]:
     """Per-token latency (ms): client receive time - source emission time; and how many
     streams did not end with all their tokens."""
@@ -66,7 +69,7 @@ async def _measure(url: str, streams: int, tokens: int,
     return latencies, bad
 
 
-async def _set_interval(url: str, interval_s: float) -> None:
+async def set_source_interval(url: str, interval_s: float) -> None:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     body = json.dumps({"interval_s": interval_s}).encode()
@@ -85,7 +88,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _pcts(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": math.nan, "p99": math.nan, "mean": math.nan}
     arr = np.asarray(values)
@@ -96,7 +99,7 @@ def _pcts(values: list[float]) -> dict[str, float]:
     }
 
 
-def _pin(pid: int, cpus: set[int] | None) -> None:
+def pin(pid: int, cpus: set[int] | None) -> None:
     """Pin ``pid`` (all its threads) to ``cpus``, as ``taskset -a -p`` does."""
     if cpus is None or not hasattr(os, "sched_setaffinity"):
         return
@@ -133,7 +136,7 @@ class Rig:
         self.tmp = tempfile.TemporaryDirectory()
         config = Path(self.tmp.name) / "policy.yaml"
         config.write_text(f"scheduler:\n  policy: {self.policy}\n")
-        _pin(os.getpid(), self.source_cpus)
+        pin(os.getpid(), self.source_cpus)
         try:
             self.source = start_process([sys.executable, "-m", "jitserve.bench.overhead",
                                          "token-source", str(self.source_port),
@@ -156,11 +159,11 @@ class Rig:
             if self.front is not None and not wait_http_ok(
                     f"http://127.0.0.1:{self.gateway_admin}/ready", 30, self.front):
                 raise RuntimeError("the gateway did not become ready")
-            _pin(self.source.pid, self.source_cpus)
+            pin(self.source.pid, self.source_cpus)
             for proc in self.procs[1:]:
-                _pin(proc.pid, self.sidecar_cpus)
+                pin(proc.pid, self.sidecar_cpus)
             for url in self.urls().values():  # warm-up: connections, first-call paths
-                _run(_measure(url, 4, 5))
+                run_async(measure_stamps(url, 4, 5))
         except BaseException:
             self.__exit__()
             raise
@@ -180,7 +183,7 @@ class Rig:
         return urls
 
     def set_interval(self, interval_s: float) -> None:
-        _run(_set_interval(self.source_url, interval_s))
+        run_async(set_source_interval(self.source_url, interval_s))
 
     def run(self, path: str, streams: int, tokens: int) -> tuple[list[float], int, float]:
         """One run along ``path`` (a key of :meth:`urls`): latencies (ms), incomplete
@@ -189,7 +192,7 @@ class Rig:
                                         "through_gateway": [self.sidecar, self.front]}
         proxies = routes[path]
         before = sum(cpu_s(p.pid) for p in proxies)
-        latencies, bad = _run(_measure(self.urls()[path], streams, tokens))
+        latencies, bad = run_async(measure_stamps(self.urls()[path], streams, tokens))
         return latencies, bad, sum(cpu_s(p.pid) for p in proxies) - before
 
 
@@ -205,7 +208,7 @@ def measure_point(rig: Rig, streams: int, tokens: int, rounds: int) -> dict[str,
             latencies[path] += got
             bad[path] += incomplete
             cpu[path] += used
-    pcts = {path: _pcts(values) for path, values in latencies.items()}
+    pcts = {path: percentiles(values) for path, values in latencies.items()}
     d, p = pcts["direct"], pcts["through_sidecar"]
     result: dict[str, Any] = {
         "tokens_per_s": streams / rig.interval_s,
@@ -282,7 +285,7 @@ def _point_line(pt: dict[str, Any]) -> str:
             f"{a['p50']:>9.3f} {a['p99']:>9.3f} {pt['sidecar_cpu_us_per_token']:>9.1f}")
 
 
-def _cpus(text: str) -> set[int]:
+def cpu_list(text: str) -> set[int]:
     """A taskset-style CPU list: ``0``, ``0,2``, ``0-3``."""
     cpus: set[int] = set()
     try:
@@ -315,10 +318,10 @@ def add_proxy_overhead_arguments(p: argparse.ArgumentParser) -> None:
                    "(added by the gateway: gateway + sidecar minus the sidecar alone)")
     p.add_argument("--rounds", type=int, default=2,
                    help="runs of each path (direct, sidecar, gateway), alternated")
-    p.add_argument("--sidecar-cpus", type=_cpus, default=None, metavar="LIST",
+    p.add_argument("--sidecar-cpus", type=cpu_list, default=None, metavar="LIST",
                    help="pin the sidecar (and gateway) to these CPUs, as taskset does "
                    "(default: unpinned)")
-    p.add_argument("--source-cpus", type=_cpus, default=None, metavar="LIST",
+    p.add_argument("--source-cpus", type=cpu_list, default=None, metavar="LIST",
                    help="pin the token source and the client to these CPUs")
     p.add_argument("--sweep", type=_rates, default=None, metavar="TOKENS_PER_S,...",
                    help="measure at each total rate (the interval is streams / rate; "
