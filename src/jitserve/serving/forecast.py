@@ -76,6 +76,7 @@ class FirstTokenForecast:
         """Mean seconds a request holds an engine slot (its prefill at the measured speed,
         then first token to finish)."""
         self._residuals: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._margin: tuple[float, float] | None = None  # (quantile, margin) until a residual
         self.last_forecast_s = math.nan
         self.refused = 0
 
@@ -106,13 +107,19 @@ class FirstTokenForecast:
         """A forecast request's first token came ``took_s`` after its arrival."""
         if took_s >= 0:
             self._residuals.append(took_s - forecast_s)
+            self._margin = None
 
     def margin_s(self) -> float:
         """Seconds added to forecasts at the door: the ``quantile`` of the observed
         residuals (negative where forecasts have run long)."""
         if len(self._residuals) < MIN_SAMPLES or self.quantile <= 0:
             return 0.0
-        return float(np.quantile(np.fromiter(self._residuals, float), self.quantile))
+        # computed once per new residual, not per arrival: a burst of arrivals between two
+        # first tokens (an engine step's worth) asks the same question
+        if self._margin is None or self._margin[0] != self.quantile:
+            margin = float(np.quantile(np.fromiter(self._residuals, float), self.quantile))
+            self._margin = (self.quantile, margin)
+        return self._margin[1]
 
     def late(self, forecast_s: float, ttft_s: float) -> bool:
         """Would a request forecast at ``forecast_s`` miss a ``ttft_s`` target?"""

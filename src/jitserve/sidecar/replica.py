@@ -74,9 +74,9 @@ class TokenRate:
         slot = round(now, 1)
         if self._buckets and self._buckets[-1][0] == slot:
             self._buckets[-1][1] += n
-        else:
+        else:  # a new bucket (every 0.1 s at most): the time to drop the old ones
             self._buckets.append([slot, float(n)])
-        self._trim(now)
+            self._trim(now)
 
     def _trim(self, now: float) -> None:
         while self._buckets and self._buckets[0][0] < now - self.window_s:
