@@ -93,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _metrics_conventions() -> None:
+    """No ``*_created`` series (prometheus_client writes one beside every counter and
+    histogram by default): they double the series and no rule or dashboard reads them."""
+    try:
+        from prometheus_client import disable_created_metrics
+    except ImportError:  # the bare package: no component that serves metrics
+        return
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _metrics_conventions()
     parser = build_parser()
     args = parser.parse_args(argv)
     missing = getattr(args, "_missing", None)

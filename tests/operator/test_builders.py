@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import yaml
 
+from jitserve.devstack import vllm as vl
 from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
@@ -180,12 +184,38 @@ def test_sidecar_max_running_is_vllms_max_num_seqs_default_and_user_set() -> Non
 def test_model_source_is_loaded_and_name_is_served() -> None:
     s = spec(model={"name": "llama-3-8b", "source": "/models/llama", "gpus": 4})
     vllm = template(s)["spec"]["containers"][0]
-    assert _flag(vllm["args"], "--model") == "/models/llama"
+    assert vllm["command"] == ["vllm", "serve"] and vllm["args"][0] == "/models/llama"
     assert _flag(vllm["args"], "--served-model-name") == "llama-3-8b"
     assert _flag(vllm["args"], "--tensor-parallel-size") == "4"
     plain = template(spec(model={"name": "Qwen/Qwen3-8B"}))["spec"]["containers"][0]
-    assert _flag(plain["args"], "--model") == _flag(plain["args"], "--served-model-name")
+    assert plain["args"][0] == _flag(plain["args"], "--served-model-name")
     assert plain["image"] == "vllm/vllm-openai:v0.32.0"
+
+
+VLLM_PARSES = """
+import json, sys
+from vllm.entrypoints.cli.serve import FlexibleArgumentParser, ServeSubcommand
+parser = FlexibleArgumentParser()
+ServeSubcommand().subparser_init(parser.add_subparsers(dest="cmd"))
+args = parser.parse_args(["serve", *json.loads(sys.argv[1])])
+print(json.dumps([args.model_tag, args.served_model_name, args.max_num_seqs,
+                  args.scheduling_policy, args.tensor_parallel_size]))
+"""
+
+
+def test_the_pods_command_line_is_one_vllm_serve_accepts() -> None:
+    """vLLM's own `vllm serve` parser (the tested vLLM, from scripts/setup-vllm.sh) reads
+    the pod's arguments as meant: the model positional, B, priority scheduling."""
+    python = vl.vllm_python()
+    assert python is not None, "vLLM is not installed: run scripts/setup-vllm.sh"
+    vllm = template(spec(model={"name": "llama-3-8b", "source": "/models/llama", "gpus": 2,
+                                "args": ["--max-model-len", "4096"]}))["spec"]["containers"][0]
+    assert vllm["command"] == ["vllm", "serve"]
+    out = subprocess.run([str(python), "-c", VLLM_PARSES, json.dumps(vllm["args"])],
+                         capture_output=True, text=True, timeout=300, check=True)
+    model, served, seqs, policy, tp = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (model, served, seqs, policy, tp) == ("/models/llama", ["llama-3-8b"], 256,
+                                                 "priority", 2)
 
 
 def test_admin_port_in_the_pod_not_in_the_service_or_ingress() -> None:

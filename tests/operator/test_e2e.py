@@ -192,6 +192,14 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     assert condition(body, "Progressing")["status"] == "False"
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
     assert condition(body, "Degraded")["status"] == "False", condition(body, "Degraded")
+    # what `kubectl describe slop` shows: an Event per condition change, Ready=True last
+    seen = wait_for("the Ready=True Event", lambda: [
+        e for e in (admin.request(
+            "GET", f"/api/v1/namespaces/{NS_EX}/events",
+            query={"fieldSelector": f"involvedObject.name={name}"}) or {}).get("items", [])
+        if e["involvedObject"]["kind"] == c.KIND and e["reason"] == "Available"])
+    assert seen[0]["type"] == "Normal" and "Ready=True" in seen[0]["message"]
+    assert seen[0]["source"]["component"] == "jitserve-operator"
 
 
 def test_printer_columns_and_short_name(admin: RestKube, session_operator: OperatorProcess) -> None:
@@ -202,6 +210,8 @@ def test_printer_columns_and_short_name(admin: RestKube, session_operator: Opera
             {"scheduler": {"cutoff": {"value": 0.7}}, "fairness": {"weight": 0.2}, "replicas": 0},
         )
     )
+    ready = wait_for("a Ready condition", lambda: condition(
+        get_policy(admin, NS_EX, "columns"), "Ready").get("reason"))
     table = (
         admin.request(
             "GET",
@@ -213,6 +223,7 @@ def test_printer_columns_and_short_name(admin: RestKube, session_operator: Opera
     names = [col["name"] for col in table["columnDefinitions"]]
     row = dict(zip(names, table["rows"][0]["cells"], strict=True))
     assert row["P"] == 0.7 and row["F"] == 0.2 and row["Replicas"] == 0
+    assert row["Reason"] and row["Reason"] in (ready, "ScaledToZero")  # it may move on
     for column in ("Ready", "Attainment", "Age"):
         assert column in names
     resources = admin.request("GET", f"/apis/{c.API_VERSION}") or {}

@@ -414,6 +414,7 @@ def test_metrics_expose_the_contract_families(sidecar: Factory) -> None:
         result = stream(s.url, body(16, slo), headers={"x-tenant": "team-m"})
         assert result.status == 200 and len(result.token_ids) == 16
     text = get_text(s.url + "/metrics")
+    assert "_created" not in text  # no doubled series per counter
     assert (
         metric(
             text,

@@ -94,6 +94,9 @@ class FakeKube:
 
     def create(self, obj: JSON) -> JSON:
         self._check(obj["kind"])
+        meta = obj["metadata"]
+        if "name" not in meta and "generateName" in meta:  # as the API server names it
+            obj = {**obj, "metadata": {**meta, "name": f"{meta['generateName']}{next(_counter)}"}}
         if self._key(obj) in self.objects:
             raise KubeError(409, "already exists")
         self.writes.append(f"create {obj['kind']}")

@@ -105,8 +105,8 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
     side = spec.sidecar
     pod = spec.pod
     shape = model.batch_shape(side.engine_queue)
-    vllm_args = [
-        *("--model", model.loaded, "--served-model-name", model.served_name),
+    vllm_args = [  # `vllm serve MODEL`: the entrypoint of vLLM's own image
+        *(model.loaded, "--served-model-name", model.served_name),
         *("--host", "0.0.0.0", "--port", str(model.port)),
         *("--scheduling-policy", "priority"),
         *model.vllm_args(),
@@ -121,7 +121,7 @@ def build_pod_template(ref: PolicyRef, spec: SLOPolicySpec, settings: OperatorSe
         "name": "vllm",
         "image": model.image,
         "imagePullPolicy": model.image_pull_policy.value,
-        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "command": ["vllm", "serve"],
         "args": vllm_args,
         "env": [
             {"name": "HOME", "value": "/tmp"},

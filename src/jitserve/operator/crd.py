@@ -224,6 +224,12 @@ def crd_object(*, cel: bool = True) -> JSON:
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
         },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "description": "Why Ready is what it is (Available, WaitingForReplicas, ...).",
+        },
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {

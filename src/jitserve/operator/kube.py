@@ -24,6 +24,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "PersistentVolumeClaim"): ("/api/v1", "persistentvolumeclaims"),
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("v1", "Secret"): ("/api/v1", "secrets"),
+    ("v1", "Event"): ("/api/v1", "events"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("networking.k8s.io/v1", "Ingress"): ("/apis/networking.k8s.io/v1", "ingresses"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
@@ -172,7 +173,8 @@ class RestKube:
         return items
 
     def create(self, obj: JSON) -> JSON:
-        api_version, kind, namespace, _ = _ident(obj)
+        # by metadata.namespace, not _ident: an Event has generateName, no name yet
+        api_version, kind, namespace = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"]
         query = {"fieldManager": c.FIELD_MANAGER}
         return (
             self.request("POST", resource_path(api_version, kind, namespace), obj, query=query)

@@ -25,6 +25,7 @@ from typing import Any
 from jitserve.operator import analyzer_builders as ab
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
+from jitserve.operator import events
 from jitserve.operator import gateway_builders as gb
 from jitserve.operator import status as st
 from jitserve.operator.kube import JSON, Kube, KubeError
@@ -353,4 +354,5 @@ def reconcile(
     if patch is not None:
         kube.patch_status(c.API_VERSION, c.KIND, ref.namespace, ref.name, patch)
         out.status_written = True
+        events.post(kube, body, events.changes(old, new), now or now_iso())
     return out

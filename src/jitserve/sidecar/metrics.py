@@ -72,7 +72,10 @@ class SidecarMetrics:
         self.registry = r
         self.known_tenants: Collection[str] | None = None
         self.goodput_tokens = TenantFamily(Counter(
-            "jitserve_goodput_tokens", "Tokens that counted toward goodput (met their SLO).",
+            "jitserve_goodput_tokens",
+            "Tokens that counted toward goodput: a latency request's output tokens that came "
+            "on time; a deadline or compound request's prompt and output tokens when it "
+            "finished by its deadline.",
             ["tenant", "kind", "slo_class"], registry=r), self)
         self.requests = TenantFamily(Counter(
             "jitserve_requests", "Finished requests by outcome.",

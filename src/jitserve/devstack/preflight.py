@@ -1,0 +1,49 @@
+"""``jitserve up``'s preflight: every port it will bind, checked before anything starts
+(owner: devstack).
+
+vLLM takes a minute or more to start; a port taken by another process must fail the
+command at once, naming the flag that moves it, not after vLLM is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+from jitserve.devstack.fleet import ADMIN_OFFSET
+from jitserve.errors import CLIError
+
+
+def planned_ports(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """(host, port, the flag that moves it) for every port ``jitserve up`` binds."""
+    ports = [(args.host, args.port, "--port")]
+    starts_vllm = args.backend is None
+    if starts_vllm:
+        ports += [("127.0.0.1", args.vllm_port + i, "--vllm-port")
+                  for i in range(args.replicas)]
+    if not args.no_analyzer:
+        ports.append(("127.0.0.1", args.analyzer_port, "--analyzer-port"))
+    if args.replicas > 1:
+        first = args.port + 1 if args.replica_port is None else args.replica_port
+        ports.append((args.host, args.port + ADMIN_OFFSET, "--port"))
+        for i in range(args.replicas):
+            ports += [("127.0.0.1", first + i, "--replica-port"),
+                      ("127.0.0.1", first + ADMIN_OFFSET + i, "--replica-port")]
+    return ports
+
+
+def check_ports(ports: list[tuple[str, int, str]]) -> None:
+    """CLIError naming the first port that is taken (or planned twice) and its flag."""
+    seen: dict[int, str] = {}
+    for host, port, flag in ports:
+        if port in seen:
+            raise CLIError(f"port {port} is planned twice ({seen[port]} and {flag}): "
+                           f"move one with {flag} PORT")
+        seen[port] = flag
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as err:
+                raise CLIError(f"port {port} on {host} is not free ({err.strerror}): "
+                               f"another process listens there; pass {flag} PORT") from None
