@@ -36,7 +36,8 @@ def test_every_option_with_a_default_shows_it(path: tuple[str, ...]) -> None:
 
 def test_defaults_and_units_in_the_sidecar_help() -> None:
     text = " ".join(_parser_of("sidecar", "serve").format_help().split())
-    assert "the API's TCP port (0: any free) (default: 8080)" in text
+    assert ("the API's TCP port (0: any free) [env JITSERVE_SIDECAR_PORT] (default: 8080)"
+            in text)
     assert "--stall-timeout SECONDS" in text and "--max-body-bytes BYTES" in text
 
 

@@ -20,7 +20,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from jitserve.envflags import from_environment
 from jitserve.errors import CLIError, flag_error
+
+ENV_PREFIX = "JITSERVE_SIDECAR_"
+"""Each flag of ``jitserve sidecar serve`` is also this prefix + its name (envflags)."""
 
 FLAGS = {
     "backend_url": "--backend", "host": "--host", "port": "--port", "config_path": "--config",
@@ -32,7 +36,7 @@ FLAGS = {
     "analyzer": "--analyzer", "admin_port": "--admin-port", "admin_keys": "--admin-key",
     "stall_timeout_s": "--stall-timeout", "header_timeout_s": "--header-timeout",
     "body_timeout_s": "--body-timeout", "max_json_depth": "--max-json-depth",
-    "max_buffered_tokens": "--max-buffered-tokens",
+    "max_buffered_tokens": "--max-buffered-tokens", "access_log": "--access-log",
 }
 """SidecarSettings field -> the flag that sets it (errors name the flag)."""
 
@@ -108,6 +112,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="deepest nesting of a request body's arrays and objects (400 beyond)")
     p.add_argument("--max-buffered-tokens", type=int, default=4096, metavar="TOKENS",
                    help="tokens a stream may hold for a slow reader before it is aborted")
+    p.add_argument("--access-log", action="store_true",
+                   help="write a JSON line per answered request to stdout (request id, "
+                   "tenant, SLO kind and class, outcome, tokens, status, seconds)")
     p.add_argument("--log-level", default="INFO",
                    help="DEBUG, INFO, WARNING or ERROR")
 
@@ -135,7 +142,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             stall_timeout_s=args.stall_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, max_json_depth=args.max_json_depth,
-            max_buffered_tokens=args.max_buffered_tokens)
+            max_buffered_tokens=args.max_buffered_tokens, access_log=args.access_log)
     except ValidationError as err:
         raise flag_error(err.errors(), FLAGS) from err
 
@@ -195,5 +202,6 @@ def register(subparsers: Any) -> Any:
     sub = parser.add_subparsers(dest="sidecar_command", metavar="SUBCOMMAND", required=True)
     serve = sub.add_parser("serve", help="run the sidecar (OpenAI-compatible API on --port)")
     add_serve_arguments(serve)
+    from_environment(serve, ENV_PREFIX)
     serve.set_defaults(handler=_serve)
     return sub

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from jitserve.requests import Request
 from jitserve.sidecar import intake, passthrough, request_ids, responses
+from jitserve.sidecar.access_log import JOB_KEY
 from jitserve.sidecar.api import Endpoint, ParsedRequest, parse_request
 from jitserve.sidecar.config import SidecarSettings, TenantKeys
 from jitserve.sidecar.dispatcher import Dispatcher
@@ -115,6 +116,7 @@ class CompletionRoutes:
 
     async def _run_job(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         job, parsed = await self._submit(request, endpoint)
+        request[JOB_KEY] = job  # for the access log, written when the answer ends
         d = self.dispatcher
         try:
             first = await job.events.get()

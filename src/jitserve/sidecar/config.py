@@ -94,6 +94,8 @@ class SidecarSettings(BaseModel):
     max_buffered_tokens: int = Field(
         default=4096, ge=16, le=1 << 20,
         description="Tokens a stream may hold unsent for a slow reader before it is aborted.")
+    access_log: bool = Field(default=False,
+                             description="A JSON line per answered request on stdout.")
 
 
 class ConfigWatcher:

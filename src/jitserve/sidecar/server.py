@@ -43,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.base import Policy
 from jitserve.sidecar import intake, request_ids, responses
+from jitserve.sidecar.access_log import JSONAccessLogger, access_logger
 from jitserve.sidecar.backend import VLLMBackend
 from jitserve.sidecar.bounds import Analyzer
 from jitserve.sidecar.completions import CompletionRoutes
@@ -64,12 +65,17 @@ HANDLER_GRACE_S = 0.5
 
 
 async def serve_app(app: web.Application, host: str, port: int,
-                    header_timeout_s: float) -> tuple[web.AppRunner, int]:
+                    header_timeout_s: float, access_log: bool = False,
+                    ) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on host:port (port 0: any free one): its runner and the bound port.
-    The sidecar's and the gateway's ports are served this way."""
+    The sidecar's and the gateway's ports are served this way; ``access_log``: a JSON
+    line per answer (:mod:`jitserve.sidecar.access_log`)."""
     # keepalive_timeout also closes a connection that has not sent a whole request
     # (headers) this long after it opened or after its last answer: slowloris.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+    logging_args: dict[str, Any] = {"access_log": None}
+    if access_log:
+        logging_args = {"access_log": access_logger(), "access_log_class": JSONAccessLogger}
+    runner = web.AppRunner(app, handler_cancellation=True, **logging_args,
                            keepalive_timeout=header_timeout_s,
                            shutdown_timeout=HANDLER_GRACE_S)
     await runner.setup()
@@ -217,15 +223,16 @@ class SidecarServer:
         if self._analyzer_client is not None:
             await self._analyzer_client.close()
 
-    async def _serve_app(self, app: web.Application, port: int) -> int:
+    async def _serve_app(self, app: web.Application, port: int, access_log: bool = False) -> int:
         runner, bound = await serve_app(app, self.settings.host, port,
-                                        self.settings.header_timeout_s)
+                                        self.settings.header_timeout_s, access_log)
         self._runners.append(runner)
         return bound
 
     async def start(self) -> int:
         """Serve on settings.host:port (port 0: any free port); returns the port."""
-        self.port = await self._serve_app(self.app, self.settings.port)
+        self.port = await self._serve_app(self.app, self.settings.port,
+                                          self.settings.access_log)
         if self.admin_app is not None:
             assert self.settings.admin_port is not None
             self.admin_port = await self._serve_app(self.admin_app, self.settings.admin_port)
