@@ -63,6 +63,12 @@ def score_request(
     return goodput, finish_s <= deadline_abs_s + 1e-9
 
 
+ATTAINMENT_OUTCOMES = ("met", "missed", "retired")
+"""The outcomes attainment counts: met / (met + missed + retired). A cancelled request
+(its client left), one whose queue TTL expired, or an error is not the scheduler's
+verdict and counts in neither part (the sidecar's gauge and the SLOPolicy status)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one finished (or retired) request or compound program earned."""

@@ -34,6 +34,7 @@ def test_bench_writes_table_json_and_plots(
     assert code == 0
     printed = capsys.readouterr().out
     assert "capacity:" in printed and "tok_gp/s" in printed and "gmax" in printed
+    assert "tok_gp/s: token goodput, tokens/s" in printed  # the columns' legend and units
     results = json.loads((out / "results.json").read_text())
     assert {(r["policy"], r["load"]) for r in results["runs"]} == {
         ("gmax", 1.0),

@@ -129,11 +129,24 @@ def _num(value: float | None, fmt: str, width: int = 0) -> str:
     return f"{value:>{width}{fmt}}"
 
 
+TABLE_LEGEND = (
+    "tok_gp/s: token goodput, tokens/s; req_gp/s: request goodput, requests/s; "
+    "att_L / att_D / att_C / att: SLO attainment (0-1) of latency / deadline / compound "
+    "requests / all; ttft, tbt, e2e: p50 and p99, seconds; tok/s: output throughput, "
+    "tokens/s; preempt: preemptions; retired: requests retired by overload control; "
+    "sch_ms99: the scheduler's decision time p99, ms; '-': not measured"
+)
+
+
 def table(summary: list[dict[str, Any]]) -> str:
+    """The summary as an aligned text table (columns as wide as the longest policy name),
+    with the legend of its columns and units under it."""
+    width = max([12, *(len(str(e["policy"])) for e in summary)])
     header = (
-        f"{'load':>5} {'policy':<12} {'tok_gp/s':>9} {'req_gp/s':>8} {'att_L':>6} {'att_D':>6} "
-        f"{'att_C':>6} {'att':>6} {'ttft50':>7} {'ttft99':>7} {'tbt50':>6} {'tbt99':>6} "
-        f"{'e2e50':>6} {'e2e99':>6} {'tok/s':>7} {'preempt':>7} {'retired':>7} {'sch_ms99':>8}"
+        f"{'load':>5} {'policy':<{width}} {'tok_gp/s':>9} {'req_gp/s':>8} {'att_L':>6} "
+        f"{'att_D':>6} {'att_C':>6} {'att':>6} {'ttft50':>7} {'ttft99':>7} {'tbt50':>6} "
+        f"{'tbt99':>6} {'e2e50':>6} {'e2e99':>6} {'tok/s':>7} {'preempt':>7} {'retired':>7} "
+        f"{'sch_ms99':>8}"
     )
     lines = []
     for scenario in sorted({e["scenario"] for e in summary}):
@@ -144,7 +157,7 @@ def table(summary: list[dict[str, Any]]) -> str:
         for e in sorted(picked, key=lambda e: (e["load"], -e["token_goodput"])):
             a = e["attainment"]
             lines.append(
-                f"{e['load']:>5.2f} {e['policy']:<12} {e['token_goodput']:>9.0f} "
+                f"{e['load']:>5.2f} {e['policy']:<{width}} {e['token_goodput']:>9.0f} "
                 f"{e['request_goodput']:>8.3f} "
                 + " ".join(_num(a.get(k), ".3f", 6) for k in KINDS)
                 + f" {_num(e['ttft_s']['p50'], '.2f', 7)} {_num(e['ttft_s']['p99'], '.2f', 7)}"
@@ -154,6 +167,8 @@ def table(summary: list[dict[str, Any]]) -> str:
                 f" {_num(e['preemptions'], '.0f', 7)} {_num(e['retired'], '.0f', 7)}"
                 f" {_num(e['sched_ms_p99'], '.2f', 8)}"
             )
+    if summary:
+        lines.append(TABLE_LEGEND)
     return "\n".join(lines)
 
 
@@ -199,7 +214,28 @@ def markdown(summary: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+MARKERS = "osD^v<>pXh*P"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+           "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79")
+"""Twenty distinct colours (matplotlib's tab10 then tab20's light ones, and one more)."""
+
+
+def policy_styles(policies: list[str]) -> dict[str, dict[str, str]]:
+    """A colour, marker and line style per policy, no two policies alike: the upper bound
+    black dashed, exact variants dashed, GMAX solid, baselines dotted."""
+    styles = {}
+    for i, policy in enumerate(policies):
+        line = "--" if policy in EXACT_NAMES else "-" if policy.startswith("gmax") else ":"
+        styles[policy] = {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+                          "linestyle": line}
+        if policy == UPPER_BOUND:
+            styles[policy] = {"color": "black", "marker": "", "linestyle": "--"}
+    return styles
+
+
 def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
+    """goodput_vs_load.png and attainment_by_kind.png; the legends outside the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,26 +244,25 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
     policies = sorted({e["policy"] for e in summary})
     loads = sorted({e["load"] for e in summary})
     by = {(e["policy"], e["load"]): e for e in summary}
+    styles = policy_styles(policies)
     written = []
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for policy in policies:
         xs = [x for x in loads if (policy, x) in by]
-        style = "--k" if policy == UPPER_BOUND else "--" if policy in EXACT_NAMES else ":s"
-        if policy.startswith("gmax") and policy not in EXACT_NAMES:
-            style = "-o"
         for ax, key in zip(axes, ("token_goodput", "request_goodput"), strict=True):
-            ax.plot(xs, [by[(policy, x)][key] for x in xs], style, label=policy)
+            ax.plot(xs, [by[(policy, x)][key] for x in xs], label=policy, markersize=5,
+                    **styles[policy])
     axes[0].set(
         xlabel="load (x capacity)", ylabel="token goodput (tokens/s)", title="Token goodput"
     )
     axes[1].set(
         xlabel="load (x capacity)", ylabel="request goodput (requests/s)", title="Request goodput"
     )
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     path = out / "goodput_vs_load.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     written.append(path)
 
@@ -244,13 +279,14 @@ def plots(summary: list[dict[str, Any]], out: Path) -> list[Path]:
                 [att.get(k, math.nan) for k in KINDS],
                 width,
                 label=policy,
+                color=styles[policy]["color"],
             )
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(KINDS))], KINDS)
         ax.set(ylim=(0, 1), title=f"SLO attainment at load {load}")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     path = out / "attainment_by_kind.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     written.append(path)
     return written

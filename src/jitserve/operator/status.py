@@ -21,12 +21,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from jitserve.goodput import ATTAINMENT_OUTCOMES
 from jitserve.operator.replica_status import gateway_status, replica_status
 from jitserve.policy import Attainment, Condition, ConditionType, GatewayStatus, SLOPolicyStatus
 
 JSON = dict[str, Any]
 
-_COUNTED = ("met", "missed", "retired")
+_COUNTED = ATTAINMENT_OUTCOMES
 _KIND_FIELDS = {
     "latency": "latency",
     "deadline": "deadline",

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from jitserve import __version__
 from jitserve.requests import Request
+from jitserve.sidecar.attainment import AttainmentWindow
 
 OUTCOMES = ("met", "missed", "retired", "cancelled", "ttl_expired", "error")
 
@@ -77,6 +78,8 @@ class SidecarMetrics:
             "on time; a deadline or compound request's prompt and output tokens when it "
             "finished by its deadline.",
             ["tenant", "kind", "slo_class"], registry=r), self)
+        self.attainment = AttainmentWindow()
+        r.register(self.attainment)
         self.requests = TenantFamily(Counter(
             "jitserve_requests", "Finished requests by outcome.",
             ["tenant", "kind", "slo_class", "outcome"], registry=r), self)

@@ -70,6 +70,9 @@ class Reporter:
     def outcome(self, outcome: Outcome, status: str) -> None:
         labels = (outcome.tenant, outcome.kind.value, outcome.slo_class)
         self.metrics.requests.labels(*labels, status).inc()
+        self.metrics.attainment.record(outcome.kind.value,
+                                       self.metrics.tenant_label(outcome.tenant),
+                                       outcome.slo_class, status)
         if outcome.goodput_tokens:
             self.metrics.goodput_tokens.labels(*labels).inc(outcome.goodput_tokens)
         if status in ("met", "missed") and outcome.e2el_s is not None:
