@@ -35,6 +35,13 @@ def test_bench_writes_table_json_and_plots(
     printed = capsys.readouterr().out
     assert "capacity:" in printed and "tok_gp/s" in printed and "gmax" in printed
     assert "tok_gp/s: token goodput, tokens/s" in printed  # the columns' legend and units
+    assert "report.md" in printed
+    saved = sorted((out / "runs").glob("*.json"))
+    assert len(saved) == 4  # one per run, as vllm bench serve --save-result writes
+    first = json.loads(saved[0].read_text())
+    assert first["backend"] == "jitserve-simulator" and first["median_ttft_ms"] >= 0
+    assert {"request_goodput", "output_throughput", "p99_itl_ms", "jitserve"} <= set(first)
+    assert first["jitserve"]["policy"] in ("gmax", "fcfs")
     results = json.loads((out / "results.json").read_text())
     assert {(r["policy"], r["load"]) for r in results["runs"]} == {
         ("gmax", 1.0),

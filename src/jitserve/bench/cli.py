@@ -323,6 +323,7 @@ def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
 
 def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     from jitserve.bench import report
+    from jitserve.bench.save_result import write_runs
 
     out.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(rows)
@@ -338,7 +339,9 @@ def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             print(f"wrote {path}")
     except ImportError as err:
         print(f"plots skipped: {err.name} is not installed (pip install 'jitserve[bench]')")
-    print(f"wrote {out / 'results.json'}")
+    runs = write_runs(out, rows, meta)
+    print(f"wrote {out / 'results.json'}, {out / 'report.md'} and {runs}/ (one file per run, "
+          "in the shape of vllm bench serve --save-result)")
 
 
 def _live(args: argparse.Namespace) -> int:
