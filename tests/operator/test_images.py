@@ -47,3 +47,28 @@ def test_a_registry_prefix_and_push() -> None:
 def test_a_bad_argument_is_a_clear_error() -> None:
     out = _run("--bogus")
     assert out.returncode == 2 and "unknown argument: --bogus" in out.stderr
+
+
+def test_the_readmes_helm_settings_run_the_images_the_script_pushed() -> None:
+    """README: build-images.sh --registry R --push, then helm install --set
+    image.repository=R/operator --set sidecarImage.repository=R/sidecar --set
+    analyzerImage.repository=R/analyzer: the chart, rendered by Helm's SDK, runs exactly
+    the pushed tags."""
+    from scripts import render_manifests as render
+
+    registry = "registry.example.com/team"
+    out = _run("--registry", registry, "--print", tool="podman")
+    pushed = {line.split()[-2] for line in out.stdout.splitlines()}
+    values = {"image": {"repository": f"{registry}/operator"},
+              "sidecarImage": {"repository": f"{registry}/sidecar"},
+              "analyzerImage": {"repository": f"{registry}/analyzer"}}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for key, value in (("image.repository", "REGISTRY/operator"),
+                       ("sidecarImage.repository", "REGISTRY/sidecar"),
+                       ("analyzerImage.repository", "REGISTRY/analyzer")):
+        assert f"--set {key}={value}" in readme
+    (deployment,) = [d for d in render.render_documents(values) if d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert {container["image"], env["JITSERVE_SIDECAR_IMAGE"],
+            env["JITSERVE_ANALYZER_IMAGE"]} == pushed

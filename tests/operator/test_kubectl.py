@@ -138,6 +138,10 @@ def test_readme_commands_verbatim(
                 )
 
             wait_for("p=0.8 and f=0.3 in the sidecar's ConfigMap", tuned)
+        elif verb == "describe":  # the operator's Events on the policy, as users read them
+            assert "Events:" in said and "jitserve-operator" in said, said
+            assert re.search(r"Normal\s+\w+\s+.*jitserve-operator\s+(Ready|Progressing|"
+                             r"Degraded)=", said), said
         elif verb == "delete":
             assert f'slopolicy.jitserve.io "{name}" deleted' in said
             wait_for(

@@ -93,11 +93,16 @@ def first_built(start: Callable[[], SidecarProcess],
     pytest.fail("in 3 tries vLLM had always sent a stream whole in its first event")
 
 
-async def running_tokens(s: SidecarProcess, n: int, at_least: int, timeout: float = 90) -> None:
+async def running_tokens(s: SidecarProcess, n: int, at_least: int, timeout: float = 90,
+                         streams: list[asyncio.Task[StreamResult]] | None = None) -> None:
+    """Until ``n`` requests run with ``at_least`` tokens each, or every one of ``streams``
+    has ended (then the caller sees how: whole before it looked, or refused)."""
     deadline = time.monotonic() + timeout
     while True:
         rows = s.state()["running_requests"]
         if len(rows) >= n and all(r["generated"] >= at_least for r in rows[:n]):
+            return
+        if streams and all(t.done() for t in streams):
             return
         assert time.monotonic() < deadline, f"{n} requests never ran: {rows}"
         await asyncio.sleep(0.05)
@@ -179,7 +184,7 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
         async with aiohttp.ClientSession() as session:
             streams = [asyncio.create_task(stream_completion(session, s.url, body(LONG)))
                        for _ in range(2)]
-            await running_tokens(s, 2, 5)
+            await running_tokens(s, 2, 5, streams=streams)
             engine.signal(signal.SIGSTOP)
             frozen_at = time.monotonic()
             results = await asyncio.wait_for(asyncio.gather(*streams), 120)  # no hang
@@ -193,6 +198,7 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
     # 0.18 s after SIGSTOP): a freeze that missed is undone and done again.
     for _ in range(3):
         results, frozen_at, refused = asyncio.run(scenario())
+        assert all(r.status == 200 for r in results), [(r.status, r.error) for r in results]
         if all(len(r.token_ids) < LONG for r in results):
             break
         engine.signal(signal.SIGCONT)
