@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from jitserve import sse
 from jitserve.bench.live import StreamResult, stream_completion
 from jitserve.devstack import tinymodel
 
@@ -66,12 +67,14 @@ def stream(
 
 async def sse_docs(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """Each JSON event of an SSE answer as it comes, until ``[DONE]``."""
-    async for line in resp.content:
-        if line.startswith(b"data: "):
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
+    buffer = b""
+    async for data in resp.content.iter_any():
+        events, buffer = sse.split(buffer + data)
+        for payload in map(sse.data, events):
+            if payload == sse.DONE:
                 return
-            yield json.loads(payload)
+            if payload is not None:
+                yield json.loads(payload)
 
 
 def complete(

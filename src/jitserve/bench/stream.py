@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from jitserve import sse
+
 
 @dataclass
 class StreamResult:
@@ -47,29 +49,37 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
                 result.error = {"message": (await resp.text())[:500]}
             result.end_s = time.monotonic()
             return result
-        async for line in resp.content:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                break
+        buffer = b""
+        async for data in resp.content.iter_any():
             now = time.monotonic()
-            doc = json.loads(payload)
-            if "error" in doc:
-                result.error = doc["error"]
-                continue
-            if "jitserve" in doc:
-                result.extension = doc["jitserve"]
-            for choice in doc.get("choices") or []:
-                ids = choice.get("token_ids") or []
-                if ids:
-                    result.token_ids.extend(ids)
-                    result.token_times.extend([now] * len(ids))
-                delta = choice.get("delta")
-                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                if text:
-                    result.texts.append(text)
-                if choice.get("finish_reason"):
-                    result.finish_reason = choice["finish_reason"]
+            events, buffer = sse.split(buffer + data)
+            docs = [payload for payload in map(sse.data, events) if payload is not None]
+            if _read(result, docs, now):
+                break
     result.end_s = time.monotonic()
     return result
+
+
+def _read(result: StreamResult, payloads: list[bytes], now: float) -> bool:
+    """Record the events' tokens (received at ``now``); True at ``[DONE]``."""
+    for payload in payloads:
+        if payload == sse.DONE:
+            return True
+        doc = json.loads(payload)
+        if "error" in doc:
+            result.error = doc["error"]
+            continue
+        if "jitserve" in doc:
+            result.extension = doc["jitserve"]
+        for choice in doc.get("choices") or []:
+            ids = choice.get("token_ids") or []
+            if ids:
+                result.token_ids.extend(ids)
+                result.token_times.extend([now] * len(ids))
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if text:
+                result.texts.append(text)
+            if choice.get("finish_reason"):
+                result.finish_reason = choice["finish_reason"]
+    return False

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from jitserve import sse
 from jitserve.sidecar.upstream import (
     BackendError,
     BackendStalled,
@@ -281,12 +282,12 @@ class VLLMBackend:
                 if not data:
                     break
                 buffer += data
-                *events, buffer = buffer.split(b"\n\n")
+                events, buffer = sse.split(buffer)
                 for event in events:
-                    if not event.startswith(b"data:"):
+                    payload = sse.data(event)
+                    if payload is None:
                         continue
-                    payload = event[5:].strip()
-                    if payload == b"[DONE]":
+                    if payload == sse.DONE:
                         finished = True
                         break
                     doc = json.loads(payload)

@@ -29,6 +29,7 @@ from typing import Any, Protocol, cast
 
 import orjson
 
+from jitserve import sse
 from jitserve.sidecar.upstream import (
     BackendError,
     BackendStalled,
@@ -229,12 +230,12 @@ class TokenStream(asyncio.Protocol):
         return b"".join(out) if len(out) != 1 else out[0]
 
     def _read_events(self) -> None:
-        *whole, self.events = self.events.split(b"\n\n")
+        whole, self.events = sse.split(self.events)
         for event in whole:
-            if not event.startswith(b"data:"):
+            payload = sse.data(event)
+            if payload is None:
                 continue
-            payload = event[5:].strip()
-            if payload == b"[DONE]":
+            if payload == sse.DONE:
                 self._end(None)
                 return
             doc = orjson.loads(payload)
