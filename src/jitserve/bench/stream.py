@@ -51,20 +51,21 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
             return result
         buffer = b""
         async for data in resp.content.iter_any():
-            now = time.monotonic()
             events, buffer = sse.split(buffer + data)
             docs = [payload for payload in map(sse.data, events) if payload is not None]
-            if _read(result, docs, now):
+            if _read(result, docs):
                 break
     result.end_s = time.monotonic()
     return result
 
 
-def _read(result: StreamResult, payloads: list[bytes], now: float) -> bool:
-    """Record the events' tokens (received at ``now``); True at ``[DONE]``."""
+def _read(result: StreamResult, payloads: list[bytes]) -> bool:
+    """Record the events' tokens, each event at the time it is read (as a line-by-line
+    client sees them); True at ``[DONE]``."""
     for payload in payloads:
         if payload == sse.DONE:
             return True
+        now = time.monotonic()
         doc = json.loads(payload)
         if "error" in doc:
             result.error = doc["error"]
