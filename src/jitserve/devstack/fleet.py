@@ -123,14 +123,19 @@ def engine_cores(i: int, n: int, pool: list[int] | None = None) -> set[int]:
     return set(cores[i * share:(i + 1) * share])
 
 
+def replica_ports(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(API port, admin port) of each sidecar of the fleet."""
+    first = args.port + 1 if args.replica_port is None else args.replica_port
+    return [(first + i, first + ADMIN_OFFSET + i) for i in range(args.replicas)]
+
+
 def start_fleet(args: argparse.Namespace, stack: Children, wait_ready: WaitReady,
                 config: Path, shape: BatchShape, analyzer: str | None) -> str:
     """Start the N vLLMs, their sidecars and the gateway; the gateway's endpoint."""
     replicas = []
-    first = args.port + 1 if args.replica_port is None else args.replica_port
     engines = start_engines(args, stack, wait_ready, shape)
-    for i, url in enumerate(engines):
-        api_port, admin_port = first + i, first + ADMIN_OFFSET + i
+    for i, (url, (api_port, admin_port)) in enumerate(zip(engines, replica_ports(args),
+                                                         strict=True)):
         extra = ["--engine-queue", str(shape.engine_queue), "--admin-port", str(admin_port)]
         if analyzer:
             extra += ["--analyzer", analyzer]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from jitserve.devstack.fleet import ADMIN_OFFSET
+from jitserve.devstack.fleet import ADMIN_OFFSET, replica_ports
 from jitserve.errors import CLIError
 
 
@@ -24,11 +24,9 @@ def planned_ports(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     if not args.no_analyzer:
         ports.append(("127.0.0.1", args.analyzer_port, "--analyzer-port"))
     if args.replicas > 1:
-        first = args.port + 1 if args.replica_port is None else args.replica_port
         ports.append((args.host, args.port + ADMIN_OFFSET, "--port"))
-        for i in range(args.replicas):
-            ports += [("127.0.0.1", first + i, "--replica-port"),
-                      ("127.0.0.1", first + ADMIN_OFFSET + i, "--replica-port")]
+        for api, admin in replica_ports(args):
+            ports += [("127.0.0.1", api, "--replica-port"), ("127.0.0.1", admin, "--replica-port")]
     return ports
 
 
