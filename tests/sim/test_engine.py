@@ -104,7 +104,8 @@ def test_kv_pressure_preempts_and_resumes_without_losing_tokens() -> None:
 
 
 def test_decode_latency_follows_the_profile() -> None:
-    # one request alone: each decode step costs a0 + a3 + a4 * context + a5
+    # one request alone: each decode step costs the linear layers at one token, its KV
+    # read (a4 * context) and its LM head (a5)
     profile = load_profile().model_copy(update={"chunk_token_budget": 512})
     items: list[Workitem] = [Request("solo", "t", DeadlineSLO(100.0), 1000, 0.0, output_tokens=101)]
     _, ledger = simulate(items, "sarathi", chunk_token_budget=512)
@@ -113,8 +114,7 @@ def test_decode_latency_follows_the_profile() -> None:
         1000 - budget, (1000 - budget) * (budget + (1000 - budget) / 2), 0, 0, 1
     )
     decode = sum(
-        profile.a0_s
-        + profile.a3_s_per_decode_seq
+        profile.linear_s(1)
         + profile.a4_s_per_context_token * (1001 + k)
         + profile.a5_s_per_seq
         for k in range(100)

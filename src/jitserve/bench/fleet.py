@@ -29,10 +29,6 @@ POWER_OF_K = "power-of-k"
 POWER_OF_K_LATE = "power-of-k-late"
 """Simulator only: a request waits as a copy on K replicas until one starts it (the
 paper's form); compound programs are placed at arrival by power-of-k."""
-TIME_FIELDS = (
-    "a0_s", "a1_s_per_prefill_token", "a2_s_per_attention_pair", "a3_s_per_decode_seq",
-    "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ def scaled_profile(profile: Profile, speed: float) -> Profile:
     """``profile`` on a replica ``speed`` times as fast (every time coefficient / speed)."""
     if speed == 1.0:
         return profile
-    return profile.model_copy(update={f: getattr(profile, f) / speed for f in TIME_FIELDS})
+    return profile.scaled(speed)
 
 
 def placement_ratios(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:

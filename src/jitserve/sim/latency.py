@@ -1,13 +1,17 @@
 """Batch-latency model of one engine iteration, with coefficients from profile files.
 
-``t = max(a0 + a3*T, a6 + a1*T) + a2*sum(c*(k + c/2)) + a4*sum(k_dec) + a5*n``, where
-T = P + D tokens pass through the linear layers (P prefill tokens in chunks c over cached
-context k, D decoding sequences with contexts k_dec) and n sequences are in the batch.
-The first branch is the memory-bound regime (weights read once, small batches), the
-second the compute-bound one (a1 per token); a2 is prefill attention, a4 the KV read of
-decode attention, a5 the per-sequence LM head. In a decode-only stretch D is fixed, so a
-step is ``linear_s(D) + a5*D + a4*sum(k_dec)`` with the context growing by D per step:
-the closed form the engine advances decode stretches with, on either branch.
+``t = L(T) + a2*sum(c*(k + c/2)) + a4*sum(k_dec) + a5*n``, where T = P + D tokens pass
+through the linear layers (P prefill tokens in chunks c over cached context k, D decoding
+sequences with contexts k_dec) and n sequences are in the batch; a2 is prefill attention,
+a4 the KV read of decode attention, a5 the per-sequence LM head. ``L`` is the profile's
+measured table of the linear layers (``linear_table``), interpolated between its points
+so a step in the measurements (Vidur's A100: +7 ms from 256 to 264 tokens) stays a step.
+A profile without a table has two straight branches, ``max(a0 + a3*T, a6 + a1*T)``: the
+memory-bound regime (weights read once) and the compute-bound one; with a table the
+branches are its lower envelope, what the goodput upper bound and the speed meters' warm
+start read. In a decode-only stretch D is fixed, so a step is ``L(D) + a5*D +
+a4*sum(k_dec)`` with the context growing by D per step: the closed form the engine
+advances decode stretches with.
 
 Profiles are data (``sim/profiles/*.json``, fitted by :mod:`jitserve.sim.calibrate`):
 adding a GPU or model is adding a file.
@@ -15,11 +19,38 @@ adding a GPU or model is adding a file.
 
 from __future__ import annotations
 
+import bisect
 import json
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TIME_FIELDS = (
+    "a0_s", "a1_s_per_prefill_token", "a2_s_per_attention_pair", "a3_s_per_decode_seq",
+    "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept",
+)  # fmt: skip
+"""The coefficients that are times (a slower engine scales them, and the table)."""
+
+
+class LinearTable(BaseModel):
+    """Measured time of every non-attention layer (the LM head's weight read included) at
+    ``tokens`` tokens in the batch; increasing token counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    @model_validator(mode="after")
+    def _points(self) -> LinearTable:
+        if len(self.tokens) < 2 or len(self.tokens) != len(self.seconds):
+            raise ValueError("linear_table: at least two points, as many seconds as tokens")
+        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
+            raise ValueError("linear_table: tokens must increase")
+        if min(self.seconds) <= 0:
+            raise ValueError("linear_table: seconds must be positive")
+        return self
 
 
 class Profile(BaseModel):
@@ -43,13 +74,40 @@ class Profile(BaseModel):
     max_running: int = Field(256, gt=0)
     chunk_token_budget: int = Field(2048, gt=0)
     prefill_first_token_budget: int = Field(8192, gt=0)
+    linear_table: LinearTable | None = None
+    """The linear layers as measured; None: the two branches alone."""
 
-    def linear_s(self, batch_tokens: int) -> float:
-        """Time of the non-attention layers for ``batch_tokens`` tokens in the batch."""
+    def envelope_s(self, batch_tokens: float) -> float:
+        """The two straight branches (a lower envelope of the table, where there is one)."""
         return max(
             self.a0_s + self.a3_s_per_decode_seq * batch_tokens,
             self.a6_s_compute_intercept + self.a1_s_per_prefill_token * batch_tokens,
         )
+
+    def linear_s(self, batch_tokens: float) -> float:
+        """Time of the non-attention layers for ``batch_tokens`` tokens in the batch: the
+        table interpolated (below its first point, that point; past its last, the last
+        segment's slope), else the branches."""
+        table = self.linear_table
+        if table is None:
+            return self.envelope_s(batch_tokens)
+        tokens, seconds = table.tokens, table.seconds
+        i = bisect.bisect_left(tokens, batch_tokens)
+        if i == 0:
+            return seconds[0]
+        if i == len(tokens):
+            i -= 1
+        t0, t1, s0 = tokens[i - 1], tokens[i], seconds[i - 1]
+        return s0 + (seconds[i] - s0) * (batch_tokens - t0) / (t1 - t0)
+
+    def scaled(self, speed: float) -> Profile:
+        """This engine ``speed`` times as fast (every time divided by it)."""
+        update: dict[str, object] = {f: getattr(self, f) / speed for f in TIME_FIELDS}
+        if self.linear_table is not None:
+            update["linear_table"] = LinearTable(
+                tokens=self.linear_table.tokens,
+                seconds=tuple(x / speed for x in self.linear_table.seconds))
+        return Profile.model_validate({**self.model_dump(), **update})
 
     def step_s(
         self,
