@@ -21,6 +21,7 @@ from jitserve.errors import CLIError
 # (subcommand, module exposing ``register(subparsers)``, extra it needs or "")
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("bench", "jitserve.bench.cli", ""),
+    ("calibrate", "jitserve.bench.calibrate_engine", "bench"),
     ("analyzer", "jitserve.analyzer.cli", "analyzer"),
     ("sidecar", "jitserve.sidecar.cli", "sidecar"),
     ("up", "jitserve.devstack.up", "sidecar"),

@@ -1,0 +1,64 @@
+"""A profile fitted to measured step times: an engine whose profile is known is
+recovered from the shapes ``jitserve calibrate --engine`` measures."""
+
+from __future__ import annotations
+
+import pytest
+
+from jitserve.sim.latency import LinearTable, Profile, load_profile
+from jitserve.sim.measured import DecodeShape, Measurements, measured_profile, profile_document
+
+
+def _known() -> Profile:
+    table = LinearTable(tokens=(1, 8, 64, 256, 264, 1024, 2048),
+                        seconds=(0.010, 0.0102, 0.011, 0.020, 0.027, 0.070, 0.140))
+    return load_profile().model_copy(update={
+        "linear_table": table, "a2_s_per_attention_pair": 4e-9,
+        "a4_s_per_context_token": 7e-8, "a5_s_per_seq": 6e-6})
+
+
+def _measured_on(engine: Profile, tokens: list[int]) -> Measurements:
+    prefill = {t: engine.step_s(t, t * t / 2, 0, 0, 1) for t in tokens}
+    decodes = [DecodeShape(d, c, engine.step_s(0, 0.0, d, int(d * c), d))
+               for d in (1, 2, 4, 8, 16, 32, 64, 128, 256) for c in (40.0, 536.0)]
+    return Measurements(prefill, decodes, 256, 2048, 8192, 450_000)
+
+
+def test_a_known_engine_is_recovered_from_its_shapes() -> None:
+    engine = _known()
+    tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 264, 512, 1024, 2048]
+    profile, terms = measured_profile(_measured_on(engine, tokens), "recovered")
+    assert terms.a2 == pytest.approx(4e-9, rel=1e-3)
+    assert terms.a4 == pytest.approx(7e-8, rel=1e-3)
+    assert terms.a5 == pytest.approx(6e-6, rel=1e-3)
+    assert max(abs(r) for r in terms.relative_residuals) < 1e-6
+    for t in tokens:  # the table, staircase included
+        assert profile.linear_s(t) == pytest.approx(engine.linear_s(t), rel=1e-4)
+    assert profile.linear_s(264) - profile.linear_s(256) > 0.006
+    # and so every shape of the engine, mixed ones included
+    for shape in ((512, 512 * 1024.0, 16, 16 * 900, 17), (100, 5000.0, 64, 64 * 300, 65)):
+        assert profile.step_s(*shape) == pytest.approx(engine.step_s(*shape), rel=1e-3)
+
+
+def test_the_envelope_stays_under_the_measured_table() -> None:
+    tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 264, 512, 1024, 2048]
+    profile, _ = measured_profile(_measured_on(_known(), tokens), "recovered")
+    assert profile.linear_table is not None
+    for t, s in zip(profile.linear_table.tokens, profile.linear_table.seconds, strict=True):
+        assert profile.envelope_s(t) <= s * (1 + 1e-9)
+
+
+def test_the_document_loads_as_a_profile_and_keeps_what_was_measured() -> None:
+    m = _measured_on(_known(), [1, 8, 64, 256, 1024])
+    document = profile_document(m, "cpu-tiny", "tiny at http://x")
+    loaded = Profile.model_validate(document)
+    assert loaded.name == "cpu-tiny" and loaded.max_running == 256
+    assert loaded.prefill_first_token_budget == 8192 and loaded.kv_capacity_tokens == 450_000
+    assert document["measured"]["prefill_s"]["64"] == pytest.approx(m.prefill_s[64], abs=1e-6)
+    assert len(document["measured"]["decodes"]) == len(m.decodes)
+
+
+def test_too_few_shapes_is_an_error() -> None:
+    with pytest.raises(ValueError, match="two token counts"):
+        measured_profile(Measurements({8: 0.01}, [DecodeShape(1, 16, 0.01)], 8, 64, 128, 1000),
+                         "x")
