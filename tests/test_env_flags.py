@@ -78,3 +78,50 @@ def test_a_real_sidecar_takes_its_settings_from_the_environment() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _operator_args(env: dict[str, str]) -> argparse.Namespace:
+    from jitserve.operator import cli as operator_cli
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        operator_cli.register(sub)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return parser.parse_args(["operator"])
+
+
+def test_the_operators_flags_read_the_same_way() -> None:
+    """The chart's variables keep their names; a bad one is a CLI error, not a traceback
+    while the parser is built (it was ``float(os.environ[...])`` there)."""
+    args = _operator_args({"JITSERVE_SIDECAR_IMAGE": "reg/sidecar:1",
+                           "JITSERVE_STATUS_INTERVAL": "2.5", "JITSERVE_WEBHOOK_PORT": "9443"})
+    assert (args.sidecar_image, args.status_interval, args.webhook_port) == (
+        "reg/sidecar:1", 2.5, 9443)
+    assert "JITSERVE_STATUS_INTERVAL" in _operator_args(
+        {"JITSERVE_STATUS_INTERVAL": "soon"})._missing
+    proc = subprocess.run([sys.executable, "-m", "jitserve.cli", "operator"], capture_output=True,
+                          text=True, env={**os.environ, "JITSERVE_STATUS_INTERVAL": "soon"},
+                          timeout=120)
+    assert proc.returncode == 2 and "JITSERVE_STATUS_INTERVAL" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_operators_readme_names_each_variable_the_parser_reads() -> None:
+    import re
+    from pathlib import Path
+
+    from jitserve.operator import cli as operator_cli
+
+    parser = argparse.ArgumentParser()
+    operator_cli.register(parser.add_subparsers())
+    operator = parser._subparsers._group_actions[0].choices["operator"]  # type: ignore[union-attr]
+    readme = (Path(__file__).resolve().parents[1] / "operator" / "README.md").read_text()
+    documented = set(re.findall(r"`(JITSERVE_[A-Z_]+)`", readme))
+    read = {env_name(operator_cli.ENV_PREFIX, a) for a in operator._actions} - {None}
+    assert read <= documented and not (documented - read - {"JITSERVE_CACHE"})

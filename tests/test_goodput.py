@@ -47,3 +47,19 @@ def test_histogram_percentiles_within_one_percent() -> None:
     hist.add_many(values)
     for q in (50, 99):
         assert hist.percentile(q) == pytest.approx(np.percentile(values, q), rel=0.02)
+
+
+def test_scalar_adds_bin_as_the_vectorized_add_does() -> None:
+    values = np.random.default_rng(1).lognormal(-3, 1, LogHistogram.BATCH + 123)
+    one_by_one, at_once, merged = LogHistogram(), LogHistogram(), LogHistogram()
+    for v in values.tolist():
+        one_by_one.add(v)
+    at_once.add_many(values)
+    half = LogHistogram()
+    for v in values[:500].tolist():
+        half.add(v)  # still pending when merged
+    merged.add_many(values[500:])
+    merged.merge(half)
+    for q in (1, 50, 99, 100):
+        assert one_by_one.percentile(q) == at_once.percentile(q) == merged.percentile(q)
+    assert one_by_one.total == merged.total == values.size

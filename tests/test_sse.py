@@ -1,7 +1,10 @@
-"""The one SSE reader: events end at a blank line whatever the line ends, data lines
-join, comments carry no data, an event cut by a read waits for its end."""
+"""The one SSE reader and writer: events end at a blank line whatever the line ends, data
+lines join, comments carry no data, an event cut by a read waits for its end; what the
+writer frames, the reader reads back (a JSON event, an error ending, the last event)."""
 
 from __future__ import annotations
+
+import json
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,3 +36,13 @@ def test_reads_cut_anywhere_give_the_same_events(payloads: list[str], cuts: list
         got += [sse.data(e) for e in events]
         at = cut
     assert got == [p.encode() for p in payloads] and rest == b""
+
+
+def test_what_the_writer_frames_the_reader_reads() -> None:
+    error = {"error": {"message": "a\nb", "code": 502}}
+    stream = (sse.json_event({"text": "x\n\ny"}) + sse.error_ending(error)).encode()
+    events, rest = sse.split(stream)
+    payloads = [sse.data(e) for e in events]
+    assert rest == b"" and payloads[-1] == sse.DONE and sse.LAST.encode() == events[-1] + b"\n\n"
+    assert [json.loads(p or b"") for p in payloads[:-1]] == [{"text": "x\n\ny"}, error]
+    assert sse.HEADERS["Content-Type"] == "text/event-stream"

@@ -10,25 +10,26 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from jitserve import sse
 from tests.support.stall import StallRelay, _after_events, _Conn
 
 EVENTS = 200
 
 
 async def _origin() -> web.AppRunner:
-    async def sse(request: web.Request) -> web.StreamResponse:
+    async def events(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
         await resp.prepare(request)
         for i in range(EVENTS):  # all at once: an origin far ahead of its reader
-            await resp.write(f"data: {json.dumps({'i': i})}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+            await resp.write(sse.json_event({"i": i}).encode())
+        await resp.write(sse.LAST.encode())
         return resp
 
     async def plain(request: web.Request) -> web.Response:
         return web.json_response({"tokens": [1, 2, 3]})
 
     app = web.Application()
-    app.add_routes([web.post("/sse", sse), web.post("/json", plain)])
+    app.add_routes([web.post("/sse", events), web.post("/json", plain)])
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -37,11 +38,12 @@ async def _origin() -> web.AppRunner:
 
 async def _read(resp: aiohttp.ClientResponse) -> tuple[list[int], bool]:
     """The events' numbers, and whether the stream ended cleanly."""
-    seen = []
+    seen: list[int] = []
+    rest = b""
     try:
-        async for line in resp.content:
-            if line.startswith(b"data: {"):
-                seen.append(json.loads(line[6:])["i"])
+        async for chunk in resp.content.iter_any():
+            events, rest = sse.split(rest + chunk)
+            seen += [json.loads(d)["i"] for d in map(sse.data, events) if d and d != sse.DONE]
     except aiohttp.ClientPayloadError:
         return seen, False
     return seen, True

@@ -90,6 +90,11 @@ class SLOPolicyStatus(_Model):
     selector: str | None = Field(
         default=None, description="Label selector of the serving pods (scale subresource)."
     )
+    url: str | None = Field(
+        default=None,
+        description="Where clients send requests: the Ingress's host when it has one, else "
+        "the Service in front of the pods (the gateway's with more than one pod), in-cluster.",
+    )
     replica_status: list[ReplicaStatus] = Field(
         default_factory=list,
         max_length=MAX_REPLICA_STATUS,

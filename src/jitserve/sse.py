@@ -1,17 +1,29 @@
 """Server-Sent Events as the OpenAI-compatible servers frame them (owner: core).
 
-The one reader of SSE in jitserve: the sidecar's token path (``sidecar/wire.py``), its
-forwarded requests (``sidecar/backend.py``) and the load generator (``bench/stream.py``)
-split and read events here. An event ends at a blank line; CRLF line ends read as LF; an
-event's data is its ``data:`` lines joined by newlines, one leading space dropped; an
-event without data (a comment, a keep-alive) has none. vLLM writes one ``data:`` line per
-event, the fast path.
+The one reader and the one writer of SSE in jitserve. The sidecar's token path
+(``sidecar/wire.py``), its forwarded requests (``sidecar/backend.py``) and the load
+generator (``bench/stream.py``) split and read events here; the sidecar's answers
+(``sidecar/responses.py``, ``sidecar/passthrough.py``), the gateway's error endings and the
+benchmark's token source frame theirs here. An event ends at a blank line; CRLF line ends
+read as LF; an event's data is its ``data:`` lines joined by newlines, one leading space
+dropped; an event without data (a comment, a keep-alive) has none. vLLM writes one
+``data:`` line per event, the fast path.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any, Final
+
 DONE = b"[DONE]"
 """The data of the OpenAI stream's last event."""
+
+HEADERS: Final = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                  "X-Accel-Buffering": "no"}
+"""A streamed answer's headers: not cached, not buffered by a proxy (nginx reads the last)."""
+
+LAST: Final = "data: [DONE]\n\n"
+"""The stream's last event, as written."""
 
 
 def split(buffer: bytes) -> tuple[list[bytes], bytes]:
@@ -34,5 +46,16 @@ def data(event: bytes) -> bytes | None:
 
 
 def event(payload: str) -> str:
-    """One event carrying ``payload`` (a JSON document or ``[DONE]``) as data."""
+    """One event carrying ``payload`` (one line: a JSON document or ``[DONE]``) as data."""
     return f"data: {payload}\n\n"
+
+
+def json_event(doc: Any) -> str:
+    """One event carrying ``doc`` as JSON."""
+    return event(json.dumps(doc))
+
+
+def error_ending(body: Any) -> str:
+    """How a stream that fails after its head ends, as vLLM ends it: the error as an
+    event, then ``[DONE]``."""
+    return json_event(body) + LAST

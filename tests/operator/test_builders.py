@@ -126,6 +126,16 @@ def test_no_ingress_without_an_ingress_section() -> None:
     assert b.build_ingress(REF, spec()) is None
 
 
+def test_the_url_is_where_requests_enter() -> None:
+    from jitserve.operator.routing import policy_url
+
+    assert policy_url(REF, spec()) == "http://chat.team-a.svc.cluster.local"
+    assert policy_url(REF, spec(replicas=3)) == "http://chat-gateway.team-a.svc.cluster.local"
+    tls = spec(ingress={"host": "chat.example.com", "path": "/v1/", "tlsSecret": "chat-tls"})
+    assert policy_url(REF, tls) == "https://chat.example.com/v1"
+    assert policy_url(REF, spec(ingress={"host": "chat.example.com"})) == "http://chat.example.com"
+
+
 def test_analyzer_is_owned_by_every_policy_and_controlled_by_none() -> None:
     owners = [b.PolicyRef("b", "ns", "u2"), b.PolicyRef("a", "ns", "u1")]
     objs = ab.build_analyzer_children("ns", owners, SETTINGS)

@@ -23,6 +23,7 @@ from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator.kube import KubeError, RestKube
 from jitserve.operator.reconcile import APPLIED_HASH, is_subset
+from jitserve.operator.routing import policy_url
 from jitserve.policy import load_policy
 from tests.support.kube_fake import serving
 from tests.support.operator_session import (
@@ -167,6 +168,7 @@ def test_example_creates_expected_children_then_progressing_then_ready(
     body = get_policy(admin, NS_EX, name)
     assert condition(body, "Ready")["status"] == "False"
     assert body["status"]["selector"] == b.selector_string(name)
+    assert body["status"]["url"] == policy_url(ref, spec)  # the URL column's source
 
     # The controller-manager made the pods (Pending, no kubelet); play kubelet: Ready.
     wait_for(
@@ -224,6 +226,7 @@ def test_printer_columns_and_short_name(admin: RestKube, session_operator: Opera
     row = dict(zip(names, table["rows"][0]["cells"], strict=True))
     assert row["P"] == 0.7 and row["F"] == 0.2 and row["Replicas"] == 0
     assert row["Reason"] and row["Reason"] in (ready, "ScaledToZero")  # it may move on
+    assert row["URL"] == f"http://columns.{NS_EX}.svc.cluster.local"
     for column in ("Ready", "Attainment", "Age"):
         assert column in names
     resources = admin.request("GET", f"/apis/{c.API_VERSION}") or {}

@@ -24,6 +24,7 @@ import openai
 import pytest
 import yaml
 
+from jitserve import sse
 from tests.support.http import post
 from tests.support.json_shape import shape, stream_shape
 from tests.support.sidecar import SidecarProcess, keeping_every_request
@@ -249,7 +250,8 @@ def _sse_docs(base: str, body: dict[str, Any]) -> list[dict[str, Any]]:
                                      headers={"content-type": "application/json"})
     docs: list[dict[str, Any]] = []
     with urllib.request.urlopen(request, timeout=120) as resp:
-        for line in resp.read().decode().split("\n\n"):
-            if line.startswith("data: ") and line != "data: [DONE]":
-                docs.append(json.loads(line[6:]))
+        events, _ = sse.split(resp.read())
+        for payload in map(sse.data, events):
+            if payload is not None and payload != sse.DONE:
+                docs.append(json.loads(payload))
     return docs

@@ -17,6 +17,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jitserve import sse
 from jitserve.sidecar.backend import VLLMBackend
 from jitserve.sidecar.upstream import BackendError, BackendStalled, BackendUnavailable
 from jitserve.sidecar.wire import TokenStream
@@ -47,10 +48,10 @@ class HangsUpFirst:
             events.append({"choices": [{"token_ids": [8], "text": "b",
                                         "finish_reason": "length"}]})
         for doc in events:
-            data = f"data: {json.dumps(doc)}\n\n".encode()
+            data = sse.json_event(doc).encode()
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
         if not self.break_mid_stream:
-            done = b"data: [DONE]\n\n"
+            done = sse.LAST.encode()
             writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
         await writer.drain()
         writer.close()
@@ -237,9 +238,9 @@ def _answer(texts: list[str]) -> bytes:
         finish = "length" if i == len(texts) - 1 else None
         doc = {"choices": [{"index": 0, "text": text, "token_ids": [100 + i],
                             "finish_reason": finish}]}
-        data = f"data: {json.dumps(doc)}\n\n".encode()
+        data = sse.json_event(doc).encode()
         out += b"%x\r\n%s\r\n" % (len(data), data)
-    done = b"data: [DONE]\n\n"
+    done = sse.LAST.encode()
     return out + b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done)
 
 

@@ -13,11 +13,12 @@ stream has started: an id outside the vocabulary (or a bad ``stop_token_ids``) i
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from typing import Any
 
 from aiohttp import web
+
+from jitserve import sse
 
 VOCAB = 1000
 MAX_MODEL_LEN = 4096
@@ -126,9 +127,9 @@ class FakeVLLM:
             part = {"delta": {"content": "t"}} if chat else {"text": "t"}
             chunk = {**head, "choices": [{"index": 0, **part,
                                           "finish_reason": "length" if i == n - 1 else None}]}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await resp.write(f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
-                         "data: [DONE]\n\n".encode())
+            await resp.write(sse.json_event(chunk).encode())
+        await resp.write((sse.json_event({**head, "choices": [], "usage": usage})
+                          + sse.LAST).encode())
         return resp
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -145,7 +146,7 @@ class FakeVLLM:
         if problem is not None:  # like vLLM: a 400 inside the 200 stream
             error = {"error": {"message": problem, "type": "BadRequestError", "param": None,
                                "code": 400}}
-            await resp.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write(sse.error_ending(error).encode())
             return resp
         n = int(doc.get("max_tokens") or 4)
         await asyncio.sleep(self.first_token_delay_s)
@@ -164,11 +165,11 @@ class FakeVLLM:
                 f'"token_ids": [{100 + i % 800}], '
                 f'"finish_reason": {finish}}}]}}'
             )
-            held += f"data: {chunk}\n\n".encode()
+            held += sse.event(chunk).encode()
             if not self.burst:
                 await resp.write(held)
                 held = b""
-        await resp.write(held + b"data: [DONE]\n\n")
+        await resp.write(held + sse.LAST.encode())
         return resp
 
     def _run(self, coro: Any) -> Any:

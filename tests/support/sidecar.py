@@ -101,13 +101,15 @@ Factory = Callable[..., SidecarProcess]
 
 
 def keeping_every_request(policy: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``policy`` with overload control off: a latency request whose first token a busy
-    machine makes late is served, not retired with a 429. For a test whose subject is not
-    speed (header parsing, class mapping, streaming) but that asks for a latency SLO."""
+    """``policy`` with overload control and the door off: a latency request whose first
+    token a busy machine makes (or forecasts) late is served, not retired with a 429. For
+    a test whose subject is not speed (header parsing, class mapping, streaming) but that
+    asks for a latency SLO."""
     doc = dict(policy or {})
     scheduler = dict(doc.get("scheduler", {}))
     scheduler["mechanisms"] = {**scheduler.get("mechanisms", {}), "overloadControl": False}
     doc["scheduler"] = scheduler
+    doc["admission"] = {**doc.get("admission", {}), "onTimeQuantile": 0}
     return doc
 
 

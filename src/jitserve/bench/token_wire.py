@@ -26,10 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from jitserve import sse
+
 EMIT_MODES = ("step", "spread")
 
 _STAMP = re.compile(rb'"(?:text|content)": ?"(\d{9,})"')
-_DONE = b"data: [DONE]"
+_DONE = sse.LAST.encode()
 
 
 def _chunk(payload: bytes) -> bytes:
@@ -45,7 +47,7 @@ def _json_response(status: str, doc: Any) -> bytes:
 @dataclass
 class _Stream:
     transport: asyncio.Transport
-    head: bytes
+    head: str
     tokens: int
     next_at: float
     sent: int = 0
@@ -137,7 +139,7 @@ class _SourceConnection(asyncio.Protocol):
                              b"Transfer-Encoding: chunked\r\n\r\n")
         rid = str(body.get("request_id", "x"))
         head = json.dumps({"id": rid, "object": "text_completion",
-                           "model": "token-source"})[:-1].encode()
+                           "model": "token-source"})[:-1]
         loop = asyncio.get_running_loop()
         self.stream = _Stream(self.transport, head, int(body.get("max_tokens", 16)),
                               self.source.first_emission(loop))
@@ -148,12 +150,12 @@ class _SourceConnection(asyncio.Protocol):
             return
         i = stream.sent
         last = i == stream.tokens - 1
-        finish = b'"length"' if last else b"null"
-        payload = (b'data: %s, "choices": [{"index": 0, "text": "%d", "token_ids": [%d], '
-                   b'"finish_reason": %s}]}\n\n'
-                   % (stream.head, time.monotonic_ns(), 7 + i % 500, finish))
+        finish = '"length"' if last else "null"
+        payload = sse.event(f'{stream.head}, "choices": [{{"index": 0, "text": '
+                            f'"{time.monotonic_ns()}", "token_ids": [{7 + i % 500}], '
+                            f'"finish_reason": {finish}}}]}}').encode()
         if last:
-            stream.transport.write(_chunk(payload) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            stream.transport.write(_chunk(payload) + _chunk(_DONE) + b"0\r\n\r\n")
             self.stream = None
             if self.close_after:
                 stream.transport.close()
@@ -201,15 +203,13 @@ class _StampReader(asyncio.Protocol):
                 return
             self.result.status = int(self.head.split(b" ", 2)[1])
             data, self.in_body = self.head[end + 4:], True
-        text = self.tail + data
-        cut = text.rfind(b"\n\n") + 2  # stamps whole events only; the rest waits
-        if cut < 2:
-            self.tail = text
+        events, self.tail = sse.split(self.tail + data)  # whole events only; the rest waits
+        if not events:
             return
-        whole, self.tail = text[:cut], text[cut:]
+        whole = b"\n\n".join(events)
         self.result.latencies_ms.extend((now - int(stamp)) / 1e6
                                         for stamp in _STAMP.findall(whole))
-        if _DONE in whole:
+        if any(sse.data(event) == sse.DONE for event in events):
             self.result.done = True
             if not self.ended.done():
                 self.ended.set_result(None)

@@ -1,14 +1,16 @@
-"""``jitserve up``'s preflight: every port it will bind, checked before anything starts
-(owner: devstack).
+"""``jitserve up``'s preflight: every port it will bind and the disk it writes, checked
+before anything starts (owner: devstack).
 
-vLLM takes a minute or more to start; a port taken by another process must fail the
-command at once, naming the flag that moves it, not after vLLM is up.
+vLLM takes a minute or more to start; a port taken by another process or a full disk must
+fail the command at once, naming the flag or the path to change, not after vLLM is up.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
+from pathlib import Path
 
 from jitserve.devstack.fleet import ADMIN_OFFSET, replica_ports
 from jitserve.errors import CLIError
@@ -45,3 +47,20 @@ def check_ports(ports: list[tuple[str, int, str]]) -> None:
             except OSError as err:
                 raise CLIError(f"port {port} on {host} is not free ({err.strerror}): "
                                f"another process listens there; pass {flag} PORT") from None
+
+
+UP_DISK_NEEDED = 1 << 30
+"""What ``jitserve up`` writes beside the vLLM environment: the tiny model, vLLM's compile
+cache (~300 MB on first start), the logs of a long run."""
+
+
+def check_disk(path: Path, needed: int, what: str) -> None:
+    """CLIError when the file system holding ``path`` has less than ``needed`` bytes free."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise CLIError(f"{what}: {free / 2**30:.1f} GiB free on the disk of {path}, "
+                       f"{needed / 2**30:.1f} GiB needed; free some space or set "
+                       f"JITSERVE_CACHE to a larger disk")

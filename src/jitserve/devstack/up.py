@@ -38,7 +38,7 @@ from jitserve.devstack.fleet import (
     check_fleet_arguments,
     start_fleet,
 )
-from jitserve.devstack.preflight import check_ports, planned_ports
+from jitserve.devstack.preflight import UP_DISK_NEEDED, check_disk, check_ports, planned_ports
 from jitserve.errors import CLIError
 from jitserve.policy import PolicyError, SLOPolicySpec, dump_policy_yaml, load_policy_file
 from jitserve.policy_batch import MAX_NUM_SEQS, ArgsError, BatchShape
@@ -211,6 +211,7 @@ def main(args: argparse.Namespace) -> int:
         raise _cli_error(f"--config {config}: no such file")
     check_fleet_arguments(args)
     check_ports(planned_ports(args))  # before vLLM's minute of start-up, not after
+    check_disk(vl.cache_dir(), UP_DISK_NEEDED, "jitserve up")
     shape = up_batch_shape(config, args.max_num_seqs, args.engine_queue)
     stack = Stack(log_dir)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

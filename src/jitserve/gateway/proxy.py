@@ -22,7 +22,6 @@ The rules (docs/gateway.md "Failover"):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -31,6 +30,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from jitserve import sse
 from jitserve.gateway.fleet import Fleet
 from jitserve.gateway.metrics import GatewayMetrics
 from jitserve.sidecar.errors import NO_ENDPOINTS, APIError
@@ -55,7 +55,7 @@ PLACED_ON = "jitserve.replica"
 ANSWERED = "jitserve.answered"
 """Key set once a request's outcome is counted (a client that leaves after ``[DONE]``
 is not counted again as cancelled)."""
-DONE = b"data: [DONE]\n\n"
+DONE = sse.LAST.encode()
 
 
 class Failover(Exception):
@@ -73,7 +73,7 @@ def upstream_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 def error_event(message: str, code: str) -> bytes:
     body = APIError(502, message, type_="server_error", code=code).body()
-    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+    return sse.error_ending(body).encode()
 
 
 class Forwarder:

@@ -8,10 +8,14 @@ import os
 
 from pydantic import ValidationError
 
+from jitserve.envflags import from_environment
 from jitserve.errors import CLIError, flag_error
 from jitserve.operator.builders import OperatorSettings
 
 FAULT_ENV = "JITSERVE_OPERATOR_FAULT_EXIT_AFTER_WRITES"
+ENV_PREFIX = "JITSERVE_"
+"""``--sidecar-image`` is also ``JITSERVE_SIDECAR_IMAGE``, and so on (``jitserve.envflags``)."""
+
 FLAGS = {
     "sidecar_image": "--sidecar-image", "analyzer_image": "--analyzer-image",
     "image_pull_policy": "--image-pull-policy", "analyzer_storage": "--analyzer-storage",
@@ -22,7 +26,6 @@ FLAGS = {
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    env = os.environ.get
     defaults = OperatorSettings()
     p = subparsers.add_parser(
         "operator",
@@ -43,43 +46,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG)")
     p.add_argument(
         "--sidecar-image",
-        default=env("JITSERVE_SIDECAR_IMAGE", defaults.sidecar_image),
-        help="the scheduler sidecar's image (env JITSERVE_SIDECAR_IMAGE)",
+        default=defaults.sidecar_image,
+        help="the scheduler sidecar's image",
     )
     p.add_argument(
         "--analyzer-image",
-        default=env("JITSERVE_ANALYZER_IMAGE", defaults.analyzer_image),
-        help="the per-namespace analyzer's image (env JITSERVE_ANALYZER_IMAGE)",
+        default=defaults.analyzer_image,
+        help="the per-namespace analyzer's image",
     )
     p.add_argument(
         "--image-pull-policy",
-        default=env("JITSERVE_IMAGE_PULL_POLICY", defaults.image_pull_policy),
+        default=defaults.image_pull_policy,
         choices=["Always", "IfNotPresent", "Never"],
-        help="imagePullPolicy of the pods the operator makes (env JITSERVE_IMAGE_PULL_POLICY)",
+        help="imagePullPolicy of the pods the operator makes",
     )
     p.add_argument(
         "--analyzer-storage",
-        default=env("JITSERVE_ANALYZER_STORAGE", defaults.analyzer_storage),
+        default=defaults.analyzer_storage,
         metavar="QUANTITY",
-        help="size of the analyzer's checkpoint volume, e.g. 1Gi (env JITSERVE_ANALYZER_STORAGE)",
+        help="size of the analyzer's checkpoint volume, e.g. 1Gi",
     )
     p.add_argument(
         "--analyzer-storage-class",
-        default=env("JITSERVE_ANALYZER_STORAGE_CLASS") or None,
-        help="StorageClass of that volume (env JITSERVE_ANALYZER_STORAGE_CLASS; none: the "
-        "cluster's default)",
+        default=None,
+        help="StorageClass of that volume (none: the cluster's default)",
     )
     p.add_argument(
         "--status-interval",
         type=float,
-        default=float(env("JITSERVE_STATUS_INTERVAL", str(defaults.status_interval_seconds))),
+        default=defaults.status_interval_seconds,
         metavar="SECONDS",
-        help="seconds between status refreshes (metrics scrape, drift check; env "
-        "JITSERVE_STATUS_INTERVAL)",
+        help="seconds between status refreshes (metrics scrape, drift check)",
     )
     p.add_argument(
         "--monitoring-namespace",
-        default=env("JITSERVE_MONITORING_NAMESPACE", defaults.monitoring_namespace),
+        default=defaults.monitoring_namespace,
         help="namespace of Prometheus: the serving pods' NetworkPolicy admits it (and the "
         "operator's own namespace, POD_NAMESPACE) to the admin and vLLM ports "
         "(default: %(default)s)",
@@ -93,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env("JITSERVE_OPERATOR_METRICS_PORT", "0")),
+        default=0,
         help="serve the operator's Prometheus metrics on this port (0: off)",
     )
     p.add_argument("--metrics-addr", default="0.0.0.0", help="address of the metrics endpoint")
@@ -103,18 +104,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     hook.add_argument(
         "--webhook-port",
         type=int,
-        default=int(env("JITSERVE_WEBHOOK_PORT", "0")),
+        default=0,
         help="serve the admission webhook (HTTPS) on this port (0: off)",
     )
     hook.add_argument("--webhook-addr", default="0.0.0.0", help="address of the webhook server")
     hook.add_argument(
-        "--webhook-cert", default=env("JITSERVE_WEBHOOK_CERT"), help="TLS certificate (PEM)"
+        "--webhook-cert", default=None, help="TLS certificate (PEM)"
     )
     hook.add_argument(
-        "--webhook-key", default=env("JITSERVE_WEBHOOK_KEY"), help="TLS private key (PEM)"
+        "--webhook-key", default=None, help="TLS private key (PEM)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
     p.set_defaults(handler=run)
+    from_environment(p, ENV_PREFIX)
 
 
 def api_server_has_cel(kube: object) -> bool:

@@ -230,6 +230,7 @@ def crd_object(*, cel: bool = True) -> JSON:
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
             "description": "Why Ready is what it is (Available, WaitingForReplicas, ...).",
         },
+        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {

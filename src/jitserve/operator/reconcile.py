@@ -29,6 +29,7 @@ from jitserve.operator import events
 from jitserve.operator import gateway_builders as gb
 from jitserve.operator import status as st
 from jitserve.operator.kube import JSON, Kube, KubeError
+from jitserve.operator.routing import policy_url
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy
 
 
@@ -326,9 +327,9 @@ def reconcile(
     except KubeError as err:
         out.errors.append(err.message)
     scrape: Scrape | None = None
+    valid, _ = spec_problems(body)
+    spec = valid or SLOPolicySpec()
     if scraper is not None:
-        spec, _ = spec_problems(body)
-        spec = spec or SLOPolicySpec()
         urls = metrics_targets(out.pods or [], spec.sidecar.admin_port)
         window = spec.reporting.attainment_window_seconds
         scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", urls, window)
@@ -348,6 +349,7 @@ def reconcile(
         pods=out.pods,
         gateway=out.gateway,
         gateway_wanted=out.gateway_wanted,
+        url=policy_url(ref, valid) if valid is not None else old.get("url"),
     )
     out.status = new
     patch = st.status_patch(old, new)

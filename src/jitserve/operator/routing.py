@@ -32,6 +32,17 @@ def build_service(ref: PolicyRef, spec: SLOPolicySpec) -> JSON:
     }
 
 
+def policy_url(ref: PolicyRef, spec: SLOPolicySpec) -> str:
+    """The address clients use (``status.url``, the URL column): the Ingress's host when
+    it names one, else the in-cluster name of the Service its requests enter by."""
+    ing = spec.ingress
+    if ing is not None and ing.host:
+        scheme = "https" if ing.tls_secret else "http"
+        return f"{scheme}://{ing.host}{ing.path.rstrip('/')}"
+    entry = gateway_name(ref.name) if uses_gateway(spec.replicas) else ref.name
+    return f"http://{entry}.{ref.namespace}.svc.cluster.local"
+
+
 def build_network_policy(ref: PolicyRef, watchers: list[str]) -> JSON:
     """Clients reach only the sidecar's API port; vLLM's port and the admin port (metrics,
     /debug/scheduler) admit only the monitoring namespace and the operator's, and the

@@ -283,6 +283,7 @@ def build_status(
     pods: list[JSON] | None = None,
     gateway: JSON | None = None,
     gateway_wanted: bool = False,
+    url: str | None = None,
 ) -> JSON:
     """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics.
 
@@ -305,6 +306,7 @@ def build_status(
         replicas=rollout.replicas if rollout else 0,
         ready_replicas=rollout.ready if rollout else 0,
         selector=selector,
+        url=url,
         replica_status=replica_status(pods) if pods is not None else [],
         gateway=fleet_gateway,
     )

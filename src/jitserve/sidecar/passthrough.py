@@ -20,12 +20,12 @@ then).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from jitserve import sse
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError
 from jitserve.sidecar.jobs import Event, EventKind, Job
@@ -110,18 +110,12 @@ async def collect(job: Job, first: Event) -> web.Response:
     return web.json_response(body, headers=_headers(job))
 
 
-def _sse(doc: dict[str, Any]) -> str:
-    return f"data: {json.dumps(doc)}\n\n"
-
-
 async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: Event,
                  send_timeout_s: float) -> web.StreamResponse:
     """A streamed forwarded request: vLLM's chunks as they come (its usage chunk only
     when the client asked for it), then ``[DONE]``; an error after the head is a final
     ``data: {"error": ...}`` event."""
-    resp = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", **_headers(job)})
+    resp = web.StreamResponse(headers={**sse.HEADERS, **_headers(job)})
     await resp.prepare(request)
     event: Event | None = first
     parts: list[str] = []
@@ -139,17 +133,17 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                     else:
                         if not parsed.include_usage:
                             doc.pop("usage", None)  # there because jitserve asked for usage
-                        parts.append(_sse(doc))
+                        parts.append(sse.json_event(doc))
                 elif event.kind is EventKind.ERROR:
                     assert event.error is not None
-                    parts.append(_sse(_error_body(event.error)) + "data: [DONE]\n\n")
+                    parts.append(sse.error_ending(_error_body(event.error)))
                     done = True
                     break
                 elif event.kind is EventKind.DONE:
                     if usage is not None:
                         usage["jitserve"] = extension(job)
-                        parts.append(_sse(usage))
-                    parts.append("data: [DONE]\n\n")
+                        parts.append(sse.json_event(usage))
+                    parts.append(sse.LAST)
                     done = True
                     break
                 event = job.events.get_nowait() if not job.events.empty() else None

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from jitserve import sse
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError, internal_error, slow_reader
 from jitserve.sidecar.jobs import Event, EventKind, Job
@@ -181,7 +182,7 @@ class ChunkWriter:
 
     def render(self, event: Event) -> str:
         ids = f', "token_ids": {json.dumps(event.token_ids)}' if self.with_ids else ""
-        return f"{self.before}{json.dumps(event.text)}{self.after}{ids}}}]}}\n\n"
+        return sse.event(f"{self.before}{json.dumps(event.text)}{self.after}{ids}}}]}}")
 
     def write(self, event: Event) -> None:
         if self.transport.is_closing():
@@ -201,19 +202,17 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
     they come; the ending goes through aiohttp again. A client that takes nothing for
     ``send_timeout_s`` is cut off (its connection closed; the caller then cancels the
     job), as is one that leaves ``max_buffered_tokens`` unsent."""
-    resp = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", "x-jitserve-request-id": job.request_id})
+    resp = web.StreamResponse(headers={**sse.HEADERS, "x-jitserve-request-id": job.request_id})
     await resp.prepare(request)
     chat = parsed.endpoint == "chat"
     head = json.dumps({"id": job.request_id,
                        "object": "chat.completion.chunk" if chat else "text_completion",
                        "created": int(time.time()), "model": job.model})[:-1]
     if chat:
-        before = f'data: {head}, "choices": [{{"index": 0, "delta": {{"content": '
+        before = f'{head}, "choices": [{{"index": 0, "delta": {{"content": '
         after = '}, "logprobs": null, "finish_reason": null'
     else:
-        before = f'data: {head}, "choices": [{{"index": 0, "text": '
+        before = f'{head}, "choices": [{{"index": 0, "text": '
         after = ', "logprobs": null, "finish_reason": null'
     assert request.transport is not None
     writer = ChunkWriter(request.transport, before, after,
@@ -221,8 +220,9 @@ async def stream(request: web.Request, job: Job, parsed: ParsedRequest, first: E
                          resp.headers.get("Transfer-Encoding", "").lower() == "chunked")
     parts: list[str] = []
     if chat:
-        parts.append(f'data: {head}, "choices": [{{"index": 0, "delta": {{"role": "assistant", '
-                     f'"content": ""}}, "logprobs": null, "finish_reason": null}}]}}\n\n')
+        parts.append(sse.event(f'{head}, "choices": [{{"index": 0, "delta": {{"role": '
+                               f'"assistant", "content": ""}}, "logprobs": null, '
+                               f'"finish_reason": null}}]}}'))
     events = job.events
     event: Event | None = first
     final: Event | None = None
@@ -281,12 +281,12 @@ async def send(request: web.Request, resp: web.StreamResponse, data: bytes,
 def stream_tail(job: Job, parsed: ParsedRequest, head: str, final: Event) -> str:
     if final.kind is EventKind.ERROR:
         assert final.error is not None
-        return f"data: {json.dumps(final.error.body())}\n\ndata: [DONE]\n\n"
+        return sse.error_ending(final.error.body())
     chat = parsed.endpoint == "chat"
     delta = '"delta": {}, ' if chat else '"text": "", '
-    out = (f'data: {head}, "choices": [{{"index": 0, {delta}"logprobs": null, '
-           f'"finish_reason": {json.dumps(final.finish_reason)}}}]}}\n\n')
+    out = sse.event(f'{head}, "choices": [{{"index": 0, {delta}"logprobs": null, '
+                    f'"finish_reason": {json.dumps(final.finish_reason)}}}]}}')
     if parsed.include_usage:
-        out += (f'data: {head}, "choices": [], "usage": {json.dumps(usage(job))}, '
-                f'"jitserve": {json.dumps(extension(job))}}}\n\n')
-    return out + "data: [DONE]\n\n"
+        out += sse.event(f'{head}, "choices": [], "usage": {json.dumps(usage(job))}, '
+                         f'"jitserve": {json.dumps(extension(job))}}}')
+    return out + sse.LAST
