@@ -24,7 +24,8 @@ def test_a_real_vllm_is_measured_and_its_profile_simulated(vllm_url: str,
                     "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
                     "--tokens", "1,16,64,256", "--decode-tokens", "8", "--repeats", "1")
     assert run.returncode == 0, run.stderr
-    assert run.stderr.count("prefill") == 4 and run.stderr.count("decode") == 6  # progress
+    assert run.stderr.count(" tokens:") == 4 and run.stderr.count("cached:") == 2  # progress
+    assert run.stderr.count("decode") == 6
     document = json.loads(out.read_text())
     profile = Profile.model_validate(document)
     assert profile.name == "cpu-tiny" and profile.max_running == 4
@@ -32,7 +33,8 @@ def test_a_real_vllm_is_measured_and_its_profile_simulated(vllm_url: str,
     assert profile.kv_capacity_tokens > 0  # vLLM's cache_config_info: blocks x block size
     measured = document["measured"]
     times = [*measured["prefill_s"].values(), *(d["seconds"] for d in measured["decodes"])]
-    assert len(times) == 10 and all(0 < s < 60 for s in times)
+    times += [c["seconds"] for c in measured["cached_prefills"]]  # prefix caching is on
+    assert len(times) == 12 and all(0 < s < 60 for s in times)
     sim = _jitserve("bench", "--profile", str(out), "--duration", "20", "--load", "1.0",
                     "--policies", "gmax,fcfs", "--seeds", "1", "--out", str(tmp_path / "sim"))
     assert sim.returncode == 0, sim.stderr

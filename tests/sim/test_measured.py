@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from jitserve.sim.latency import LinearTable, Profile, load_profile
-from jitserve.sim.measured import DecodeShape, Measurements, measured_profile, profile_document
+from jitserve.sim.measured import (
+    CachedPrefill,
+    DecodeShape,
+    Measurements,
+    measured_profile,
+    measurements_from_document,
+    profile_document,
+)
 
 
 def _known() -> Profile:
@@ -14,14 +21,16 @@ def _known() -> Profile:
                         seconds=(0.010, 0.0102, 0.011, 0.020, 0.027, 0.070, 0.140))
     return load_profile().model_copy(update={
         "linear_table": table, "a2_s_per_attention_pair": 4e-9,
-        "a4_s_per_context_token": 7e-8, "a5_s_per_seq": 6e-6})
+        "a4_s_per_context_token": 7e-8, "a5_s_per_seq": 6e-6, "a7_s_per_prefill_step": 2e-3})
 
 
 def _measured_on(engine: Profile, tokens: list[int]) -> Measurements:
     prefill = {t: engine.step_s(t, t * t / 2, 0, 0, 1) for t in tokens}
     decodes = [DecodeShape(d, c, engine.step_s(0, 0.0, d, int(d * c), d))
                for d in (1, 2, 4, 8, 16, 32, 64, 128, 256) for c in (40.0, 536.0)]
-    return Measurements(prefill, decodes, 256, 2048, 8192, 450_000)
+    cached = [CachedPrefill(256, k, engine.step_s(256, 256 * (k + 128), 0, 0, 1))
+              for k in (512, 1024)]
+    return Measurements(prefill, decodes, 256, 2048, 8192, 450_000, cached)
 
 
 def test_a_known_engine_is_recovered_from_its_shapes() -> None:
@@ -31,6 +40,7 @@ def test_a_known_engine_is_recovered_from_its_shapes() -> None:
     assert terms.a2 == pytest.approx(4e-9, rel=1e-3)
     assert terms.a4 == pytest.approx(7e-8, rel=1e-3)
     assert terms.a5 == pytest.approx(6e-6, rel=1e-3)
+    assert terms.a7 == pytest.approx(2e-3, rel=1e-3)
     assert max(abs(r) for r in terms.relative_residuals) < 1e-6
     for t in tokens:  # the table, staircase included
         assert profile.linear_s(t) == pytest.approx(engine.linear_s(t), rel=1e-4)
@@ -56,6 +66,17 @@ def test_the_document_loads_as_a_profile_and_keeps_what_was_measured() -> None:
     assert loaded.prefill_first_token_budget == 8192 and loaded.kv_capacity_tokens == 450_000
     assert document["measured"]["prefill_s"]["64"] == pytest.approx(m.prefill_s[64], abs=1e-6)
     assert len(document["measured"]["decodes"]) == len(m.decodes)
+    again = measurements_from_document(document)  # refitted without the engine
+    assert measured_profile(again, "x")[1].a2 == pytest.approx(measured_profile(m, "x")[1].a2,
+                                                                rel=1e-3)
+
+
+def test_without_prefix_caching_prefill_attention_stays_in_the_table() -> None:
+    m = _measured_on(_known(), [1, 8, 64, 256, 1024])
+    fresh_only = Measurements(m.prefill_s, m.decodes, 256, 2048, 8192, 450_000)
+    profile, terms = measured_profile(fresh_only, "x")
+    assert terms.a2 == 0.0
+    assert profile.step_s(1024, 1024 * 512, 0, 0, 1) == pytest.approx(m.prefill_s[1024], rel=1e-3)
 
 
 def test_too_few_shapes_is_an_error() -> None:

@@ -9,6 +9,8 @@ with ``jitserve bench --profile PATH``:
 
 - a prefill alone: one fresh prompt of T tokens, one output token; its
   ``vllm:request_prefill_time_seconds`` (scheduled to first token) is one step of T tokens;
+- a prefill of new tokens after a prefix the cache holds (the prefix sent once first):
+  its extra time over a fresh prompt of as many tokens is prefill attention;
 - a decode alone: D prompts together, each decoding ``--decode-tokens`` tokens with
   ``ignore_eos``; their ``vllm:request_time_per_output_token_seconds`` is a step of D
   decoders, at a short and a longer context.
@@ -35,11 +37,20 @@ from typing import Any
 import numpy as np
 
 from jitserve.errors import CLIError
-from jitserve.sim.measured import DecodeShape, Measurements, measured_profile, profile_document
+from jitserve.sim.measured import (
+    CachedPrefill,
+    DecodeShape,
+    Measurements,
+    measured_profile,
+    profile_document,
+)
 
 PREFILL = "vllm:request_prefill_time_seconds"
 PER_TOKEN = "vllm:request_time_per_output_token_seconds"
 CACHE_INFO = "vllm:cache_config_info"
+CACHE_HITS = "vllm:prefix_cache_hits_total"
+CACHED_NEW_TOKENS = 256
+CACHED_PREFIXES = (512, 1024)
 SHORT_CONTEXT = 16
 LONG_CONTEXT = 512
 TOKEN_IDS = (10, 1000)
@@ -73,16 +84,13 @@ class Engine:
 
         return text_string_to_metric_families(self._get("/metrics").decode())
 
-    def histogram(self, name: str) -> tuple[float, float]:
-        """(sum, count) of histogram ``name`` over every label set."""
-        total, count = 0.0, 0.0
+    def totals(self) -> dict[str, float]:
+        """Every sample's value summed over its label sets, by sample name."""
+        out: dict[str, float] = {}
         for family in self.metrics():
             for sample in family.samples:
-                if sample.name == name + "_sum":
-                    total += sample.value
-                elif sample.name == name + "_count":
-                    count += sample.value
-        return total, count
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+        return out
 
     def kv_capacity_tokens(self) -> int:
         for family in self.metrics():
@@ -106,18 +114,22 @@ class Engine:
 
     def timed(self, name: str, prompts: list[list[int]], max_tokens: int) -> float:
         """The mean of histogram ``name`` over these requests, run together."""
-        before = self.histogram(name)
+        before = self.totals()
         with ThreadPoolExecutor(len(prompts)) as pool:
             list(pool.map(lambda p: self.complete(p, max_tokens), prompts))
         deadline = time.monotonic() + 30
         while True:  # vLLM records a request's stats as it processes its last output
-            after = self.histogram(name)
-            if after[1] - before[1] >= len(prompts) or time.monotonic() > deadline:
+            after = self.totals()
+            count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+            if count >= len(prompts) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        if after[1] <= before[1]:
+        if count <= 0:
             raise CLIError(f"--engine {self.url}: {name} did not move (metrics disabled?)")
-        return (after[0] - before[0]) / (after[1] - before[1])
+        return (after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / count
+
+    def cache_hits(self) -> float:
+        return self.totals().get(CACHE_HITS, 0.0)
 
 
 def shape_grid(budget: int, max_model_len: int, max_running: int,
@@ -142,7 +154,7 @@ def _doubling(low: int, high: int, *, halves: bool) -> list[int]:
 
 
 def measure(engine: Engine, *, max_running: int, budget: int, decode_tokens: int,
-            repeats: int, tokens: Sequence[int] | None = None, seed: int = 0,
+            repeats: int, tokens: Sequence[int] | None = None, seed: int | None = None,
             progress: Callable[[str], None] = lambda line: None) -> Measurements:
     rng = np.random.default_rng(seed)
 
@@ -155,6 +167,11 @@ def measure(engine: Engine, *, max_running: int, budget: int, decode_tokens: int
         prefill[t] = statistics.median(engine.timed(PREFILL, [prompt(t)], 1)
                                        for _ in range(repeats))
         progress(f"prefill {t:>5} tokens: {prefill[t] * 1e3:8.2f} ms")
+    cached = cached_prefills(engine, prompt, budget, repeats)
+    for c in cached:
+        progress(f"prefill {c.new:>5} tokens over {c.cached} cached: {c.seconds * 1e3:8.2f} ms")
+    if not cached:
+        progress("no prefix cache hits (prefix caching off?): prefill attention stays in L")
     decodes = []
     for d in decoders:
         longer = min(LONG_CONTEXT, max(SHORT_CONTEXT * 2, budget // d),
@@ -167,7 +184,28 @@ def measure(engine: Engine, *, max_running: int, budget: int, decode_tokens: int
             progress(f"decode {d:>4} sequences at context {context:>4}: "
                      f"{seconds * 1e3:8.2f} ms per step")
     return Measurements(prefill, decodes, max_running, budget, engine.max_model_len,
-                        engine.kv_capacity_tokens())
+                        engine.kv_capacity_tokens(), cached)
+
+
+def cached_prefills(engine: Engine, prompt: Callable[[int], list[int]], budget: int,
+                    repeats: int) -> list[CachedPrefill]:
+    """New tokens after a prefix the cache holds (its prompt sent once first): the attention
+    of new over cached tokens. None when the engine does not cache prefixes."""
+    new = min(CACHED_NEW_TOKENS, budget)
+    out = []
+    for cached in CACHED_PREFIXES:
+        if cached + new + 2 > engine.max_model_len:
+            continue
+        samples = []
+        for _ in range(repeats):
+            prefix = prompt(cached)
+            engine.complete(prefix, 1)
+            hits = engine.cache_hits()
+            samples.append(engine.timed(PREFILL, [prefix + prompt(new)], 1))
+            if engine.cache_hits() - hits < cached / 2:
+                return []
+        out.append(CachedPrefill(new, cached, statistics.median(samples)))
+    return out
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -195,7 +233,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=48,
                    help="tokens each decode shape generates")
     p.add_argument("--repeats", type=int, default=3, help="runs of each shape (the median)")
-    p.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    p.add_argument("--seed", type=int, default=None,
+                   help="of the random prompts (default: a new one each run, so that no run "
+                   "reads the prefix cache an earlier one filled)")
     p.set_defaults(handler=main)
     return p
 
@@ -231,7 +271,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"L(1) {profile.linear_s(1) * 1e3:.2f} ms, L({m.chunk_token_budget}) "
           f"{profile.linear_s(m.chunk_token_budget) * 1e3:.2f} ms; a2 {terms.a2:.3g} s per "
           f"prefill pair, a4 {terms.a4:.3g} s per context token, a5 {terms.a5:.3g} s per "
-          f"sequence; the decode shapes fit within {worst:.1%}")
+          f"sequence, a7 {terms.a7 * 1e3:.2f} ms per prefill step; the decode shapes fit "
+          f"within {worst:.1%}")
     print(f"wrote {args.out} in {time.monotonic() - started:.0f} s; simulate it with "
           f"jitserve bench --profile {args.out}")
     return 0

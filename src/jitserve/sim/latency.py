@@ -1,9 +1,10 @@
 """Batch-latency model of one engine iteration, with coefficients from profile files.
 
-``t = L(T) + a2*sum(c*(k + c/2)) + a4*sum(k_dec) + a5*n``, where T = P + D tokens pass
-through the linear layers (P prefill tokens in chunks c over cached context k, D decoding
-sequences with contexts k_dec) and n sequences are in the batch; a2 is prefill attention,
-a4 the KV read of decode attention, a5 the per-sequence LM head. ``L`` is the profile's
+``t = L(T) + a2*sum(c*(k + c/2)) + a4*sum(k_dec) + a5*n (+ a7 when P > 0)``, where
+T = P + D tokens pass through the linear layers (P prefill tokens in chunks c over cached
+context k, D decoding sequences with contexts k_dec) and n sequences are in the batch; a2
+is prefill attention, a4 the KV read of decode attention, a5 the per-sequence LM head, a7
+an engine's extra work in a step that computes prompt tokens (0 in the A100 reference). ``L`` is the profile's
 measured table of the linear layers (``linear_table``), interpolated between its points
 so a step in the measurements (Vidur's A100: +7 ms from 256 to 264 tokens) stays a step.
 A profile without a table has two straight branches, ``max(a0 + a3*T, a6 + a1*T)``: the
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TIME_FIELDS = (
     "a0_s", "a1_s_per_prefill_token", "a2_s_per_attention_pair", "a3_s_per_decode_seq",
-    "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept",
+    "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept", "a7_s_per_prefill_step",
 )  # fmt: skip
 """The coefficients that are times (a slower engine scales them, and the table)."""
 
@@ -69,6 +70,10 @@ class Profile(BaseModel):
     a5_s_per_seq: float = Field(ge=0)
     a6_s_compute_intercept: float = Field(0.0, ge=0)
     """Intercept of the compute-bound branch; 0 with a3 = a1 gives one straight line."""
+    a7_s_per_prefill_step: float = Field(0.0, ge=0)
+    """Added to a step that computes prompt tokens (the engine's per-request work when a
+    prompt is scheduled: input preparation, sampling state). Measured on a running engine
+    (``jitserve calibrate --engine``); 0 in the A100 reference, which has no CPU side."""
     kv_capacity_tokens: int = Field(gt=0)
     kv_block_tokens: int = Field(16, gt=0)
     max_running: int = Field(256, gt=0)
@@ -122,6 +127,7 @@ class Profile(BaseModel):
             + self.a2_s_per_attention_pair * attention_pairs
             + self.a4_s_per_context_token * decode_context
             + self.a5_s_per_seq * sequences
+            + (self.a7_s_per_prefill_step if prefill_tokens else 0.0)
         )
 
     def prefill_s(self, tokens: int) -> float:

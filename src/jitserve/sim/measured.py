@@ -6,17 +6,23 @@ same form as the bundled one (``L(T) + a2*pairs + a4*context + a5*n``), so the s
 runs the engine that was measured (``jitserve bench --profile PATH``).
 
 - **Prefill alone**, one fresh prompt of T tokens (T up to the token budget, one chunk):
-  ``p(T) = L(T) + a2*T^2/2 + a5``.
+  ``p(T) = L(T) + a2*T^2/2 + a5 + a7``.
+- **Prefill over a cached prefix**, c new tokens after k the prefix cache holds:
+  ``p(T=c) + a2*c*k``, so ``a2`` is the extra time per (new, cached) pair. Without prefix
+  caching on the engine there are none and a2 is 0: prefill attention is then in L, as
+  measured for fresh prompts.
 - **Decode alone**, D sequences together at mean context c:
   ``d(D, c) = L(D) + a4*D*c + a5*D``.
 
-Subtracting the prefill at T = D from each decode leaves
-``d(D, c) - p(D) = a5*(D - 1) - a2*D^2/2 + a4*D*c``: linear in (a5, a2, a4), fitted by
-non-negative least squares on relative error; then ``L(T) = p(T) - a2*T^2/2 - a5`` at
-each measured T. Whatever the engine spends per iteration besides the model (scheduling,
-input preparation, sampling, the API server's share of the CPU) is in the measured times,
-so it is in L. The two straight branches are fitted under the table as for the bundled
-profile (:func:`jitserve.sim.calibrate.fit_linear_layers`).
+Subtracting the prefill at T = D (less its attention) from each decode leaves
+``a5*(D - 1) + a4*D*c - a7``: linear in (a5, a4, a7), fitted by non-negative least
+squares on relative error; then ``L(T) = p(T) - a2*T^2/2 - a5 - a7`` at each measured T.
+a7 is what a step that schedules a prompt costs beyond a decode step of as many tokens
+(on vLLM's CPU build ~2 ms beside a 6.5 ms one-token prefill: a new request's input
+preparation and sampling state). Whatever else the engine spends per iteration
+(scheduling, the API server's share of the CPU) is in the measured times, so it is in L.
+The two straight branches are fitted under the table as for the bundled profile
+(:func:`jitserve.sim.calibrate.fit_linear_layers`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,15 @@ class DecodeShape:
 
 
 @dataclass(frozen=True)
+class CachedPrefill:
+    """``new`` prompt tokens computed after ``cached`` ones the prefix cache held."""
+
+    new: int
+    cached: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Measurements:
     """What :mod:`jitserve.bench.calibrate_engine` measured on one engine."""
 
@@ -56,6 +71,7 @@ class Measurements:
     chunk_token_budget: int
     max_model_len: int
     kv_capacity_tokens: int
+    cached_prefills: Sequence[CachedPrefill] = ()
 
 
 @dataclass(frozen=True)
@@ -63,31 +79,37 @@ class Terms:
     a2: float
     a4: float
     a5: float
+    a7: float
     relative_residuals: tuple[float, ...]
     """Of each decode shape under the fitted terms: how well the form fits this engine."""
 
 
 def fit_terms(m: Measurements) -> Terms:
-    """(a5, a2, a4) >= 0 from the decodes less the prefill at the same token count."""
+    """a2 from the cached prefills; (a5, a4, a7) >= 0 from the decodes less the prefill at
+    the same token count."""
     tokens = sorted(m.prefill_s)
     prefill = [m.prefill_s[t] for t in tokens]
     if len(tokens) < 2 or not m.decodes:
         raise ValueError("a profile needs prefills at two token counts or more and a decode")
-    rows, rhs, weight = [], [], []
+
+    def fresh(n: float) -> float:
+        return float(np.interp(n, tokens, prefill))
+
+    pairs = np.array([c.new * c.cached for c in m.cached_prefills], dtype=np.float64)
+    extra = np.array([c.seconds - fresh(c.new) for c in m.cached_prefills])
+    a2 = max(float(pairs @ extra / (pairs @ pairs)), 0.0) if pairs.size else 0.0
+    rows, rhs = [], []
     for shape in m.decodes:
         d = float(shape.sequences)
-        p_at_d = float(np.interp(d, tokens, prefill))
-        rows.append([d - 1, -d * d / 2, d * shape.context])
-        rhs.append(shape.seconds - p_at_d)
-        weight.append(1 / shape.seconds)  # least squares on relative error
-    w = np.array(weight)
-    design, target = np.array(rows) * w[:, None], np.array(rhs) * w
+        rows.append([d - 1, d * shape.context, -1.0])
+        rhs.append(shape.seconds - fresh(d) + a2 * d * d / 2)
+    seconds = np.array([s.seconds for s in m.decodes])
+    design, target = np.array(rows) / seconds[:, None], np.array(rhs) / seconds  # relative
     scale = np.maximum(np.abs(design).max(axis=0), 1e-30)  # columns of like size for nnls
     solution, _ = nnls(design / scale, target)
-    a5, a2, a4 = (float(x) for x in solution / scale)
-    fitted = np.array(rows) @ np.array([a5, a2, a4])
-    residuals = (fitted - np.array(rhs)) / np.array([s.seconds for s in m.decodes])
-    return Terms(a2, a4, a5, tuple(round(float(r), 4) for r in residuals))
+    a5, a4, a7 = (float(x) for x in solution / scale)
+    residuals = (np.array(rows) @ np.array([a5, a4, a7]) - np.array(rhs)) / seconds
+    return Terms(a2, a4, a5, a7, tuple(round(float(r), 4) for r in residuals))
 
 
 def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
@@ -95,7 +117,7 @@ def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
     terms = fit_terms(m)
     tokens = sorted(m.prefill_s)
     table = LinearTable(tokens=tuple(tokens), seconds=tuple(
-        max(m.prefill_s[t] - terms.a2 * t * t / 2 - terms.a5, MIN_STEP_S) for t in tokens))
+        max(m.prefill_s[t] - terms.a2 * t * t / 2 - terms.a5 - terms.a7, MIN_STEP_S) for t in tokens))
     fit = fit_linear_layers(table)
     profile = Profile.model_validate(dict(
         name=name,
@@ -106,6 +128,7 @@ def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
         a4_s_per_context_token=terms.a4,
         a5_s_per_seq=terms.a5,
         a6_s_compute_intercept=fit.a6_s_compute_intercept,
+        a7_s_per_prefill_step=terms.a7,
         kv_capacity_tokens=m.kv_capacity_tokens,
         max_running=m.max_running,
         chunk_token_budget=m.chunk_token_budget,
@@ -123,8 +146,10 @@ def profile_document(m: Measurements, name: str, engine: str) -> dict[str, Any]:
         "description": f"measured on {engine} by `jitserve calibrate --engine`",
         "sources": {
             "linear_table": "Measured: a fresh prompt of T tokens alone (vLLM's "
-            "request_prefill_time), less a2*T^2/2 and a5.",
-            "a2_a4_a5": "Fitted (non-negative least squares, relative error): each decode "
+            "request_prefill_time), less a2*T^2/2, a5 and a7.",
+            "a2": "Measured: a prompt's prefill over a cached prefix less a fresh prompt's of "
+            "as many new tokens, per (new, cached) pair; 0 without prefix caching.",
+            "a4_a5_a7": "Fitted (non-negative least squares, relative error): each decode "
             "shape's step (vLLM's request_time_per_output_token) less the prefill at the "
             "same token count.",
             "branches": "Fitted under the table (its lower envelope), for the goodput bound.",
@@ -135,6 +160,24 @@ def profile_document(m: Measurements, name: str, engine: str) -> dict[str, Any]:
             "prefill_s": {str(t): round(s, 6) for t, s in sorted(m.prefill_s.items())},
             "decodes": [{"sequences": d.sequences, "context": round(d.context, 1),
                          "seconds": round(d.seconds, 6)} for d in m.decodes],
+            "cached_prefills": [{"new": c.new, "cached": c.cached, "seconds": round(c.seconds, 6)}
+                                for c in m.cached_prefills],
             "decode_fit_relative_residuals": list(terms.relative_residuals),
         },
     }
+
+
+def measurements_from_document(document: Mapping[str, Any]) -> Measurements:
+    """The measurements a profile document keeps: fit them again without the engine."""
+    measured = document["measured"]
+    return Measurements(
+        prefill_s={int(t): float(s) for t, s in measured["prefill_s"].items()},
+        decodes=[DecodeShape(int(d["sequences"]), float(d["context"]), float(d["seconds"]))
+                 for d in measured["decodes"]],
+        max_running=int(document["max_running"]),
+        chunk_token_budget=int(document["chunk_token_budget"]),
+        max_model_len=int(document["prefill_first_token_budget"]),
+        kv_capacity_tokens=int(document["kv_capacity_tokens"]),
+        cached_prefills=[CachedPrefill(int(c["new"]), int(c["cached"]), float(c["seconds"]))
+                         for c in measured.get("cached_prefills", [])],
+    )
