@@ -3,7 +3,12 @@ recovered from the shapes ``jitserve calibrate --engine`` measures."""
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jitserve.sim.latency import LinearTable, Profile, load_profile
 from jitserve.sim.measured import (
@@ -83,3 +88,35 @@ def test_too_few_shapes_is_an_error() -> None:
     with pytest.raises(ValueError, match="two token counts"):
         measured_profile(Measurements({8: 0.01}, [DecodeShape(1, 16, 0.01)], 8, 64, 128, 1000),
                          "x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefills=st.lists(st.floats(1e-4, 0.1), min_size=4, max_size=4),
+       decodes=st.lists(st.floats(1e-4, 0.1), min_size=6, max_size=6),
+       cached=st.lists(st.floats(1e-4, 0.1), min_size=2, max_size=2))
+def test_any_noisy_measurement_gives_a_profile_with_positive_steps(
+        prefills: list[float], decodes: list[float], cached: list[float]) -> None:
+    """A real engine's times are noisy: the table may fall, a cached prefill may come out
+    faster than a fresh one; the profile must still be valid, never negative, and its
+    envelope under its table (a provable bound)."""
+    m = Measurements(dict(zip((1, 16, 64, 256), prefills, strict=True)),
+                     [DecodeShape(d, c, s) for (d, c), s in
+                      zip([(d, c) for d in (1, 2, 4) for c in (20.0, 200.0)], decodes,
+                          strict=True)],
+                     4, 256, 4096, 100_000,
+                     [CachedPrefill(256, k, s) for k, s in zip((512, 1024), cached, strict=True)])
+    profile, _ = measured_profile(m, "noisy")
+    assert profile.linear_table is not None
+    for tokens in (1, 7, 16, 100, 256, 1000, profile.prefill_first_token_budget):
+        assert profile.linear_s(tokens) > 0
+        assert profile.envelope_s(tokens) <= profile.linear_s(tokens) * (1 + 1e-9)
+        assert profile.step_s(tokens, tokens * tokens / 2, 4, 400, 5) > 0
+
+
+def test_the_bundled_measured_profile_is_the_fit_of_its_measurements() -> None:
+    bundled = load_profile("cpu-tiny-llama")
+    document = json.loads((resources.files("jitserve.sim") / "profiles" /
+                           "cpu-tiny-llama.json").read_text())
+    refit, _ = measured_profile(measurements_from_document(document), bundled.name)
+    assert refit.model_dump(exclude={"description"}) == bundled.model_dump(
+        exclude={"description"})

@@ -78,23 +78,24 @@ def measured_table(reference: Reference) -> LinearTable:
                                      for x in reference.linear_seconds))
 
 
-def _below(table: LinearTable, intercept: float, slope: float) -> tuple[float, float]:
-    """The line lowered until it is under every point of the table and under its last
-    segment continued to 4x its last token count: its intercept first, and where that
-    would go below zero, its slope from the origin (no negative times)."""
+def _below(table: LinearTable, intercept: float, slope: float,
+           up_to: int = 0) -> tuple[float, float]:
+    """The line lowered until it is under every point of the table and under the table
+    past its end (to 4x its last token count, or ``up_to``, the most tokens a step can
+    hold, if more): its intercept first, and where that would go below zero, its slope
+    from the origin (no negative times)."""
     tokens = np.array(table.tokens, dtype=np.float64)
     seconds = np.array(table.seconds)
-    last_slope = (seconds[-1] - seconds[-2]) / (tokens[-1] - tokens[-2])
-    far = tokens[-1] * 4
+    far = max(tokens[-1] * 4, float(up_to))
     points = np.r_[tokens, far]
-    values = np.r_[seconds, seconds[-1] + last_slope * (far - tokens[-1])]
+    values = np.r_[seconds, table.at(far)]
     lowered = intercept - max(0.0, float(np.max(intercept + slope * points - values)))
     if lowered >= 0:
         return lowered, slope
     return 0.0, min(slope, float(np.min(values / points)))
 
 
-def fit_linear_layers(table: LinearTable) -> Fit:
+def fit_linear_layers(table: LinearTable, up_to: int = 0) -> Fit:
     """Two straight branches under the table: memory-bound below a split, compute-bound
     above it, each fitted to its side and lowered under every point."""
     tokens = np.array(table.tokens, dtype=np.float64)
@@ -107,7 +108,7 @@ def fit_linear_layers(table: LinearTable) -> Fit:
         for mask in (low, ~low):
             design = np.c_[np.ones(int(mask.sum())), tokens[mask]] * weight[mask, None]
             intercept, slope = np.linalg.lstsq(design, seconds[mask] * weight[mask], rcond=None)[0]
-            branches.append(_below(table, float(intercept), max(float(slope), 0.0)))
+            branches.append(_below(table, float(intercept), max(float(slope), 0.0), up_to))
         (m0, m1), (c0, c1) = branches
         envelope = np.maximum(m0 + m1 * tokens, c0 + c1 * tokens)
         worst = float(np.max(1 - envelope / seconds))

@@ -4,9 +4,10 @@
 T = P + D tokens pass through the linear layers (P prefill tokens in chunks c over cached
 context k, D decoding sequences with contexts k_dec) and n sequences are in the batch; a2
 is prefill attention, a4 the KV read of decode attention, a5 the per-sequence LM head, a7
-an engine's extra work in a step that computes prompt tokens (0 in the A100 reference). ``L`` is the profile's
-measured table of the linear layers (``linear_table``), interpolated between its points
-so a step in the measurements (Vidur's A100: +7 ms from 256 to 264 tokens) stays a step.
+an engine's extra work in a step that computes prompt tokens (0 in the A100 reference).
+``L`` is the profile's measured table of the linear layers (``linear_table``),
+interpolated between its points so a step in the measurements (Vidur's A100: +7 ms from
+256 to 264 tokens) stays a step.
 A profile without a table has two straight branches, ``max(a0 + a3*T, a6 + a1*T)``: the
 memory-bound regime (weights read once) and the compute-bound one; with a table the
 branches are its lower envelope, what the goodput upper bound and the speed meters' warm
@@ -53,6 +54,19 @@ class LinearTable(BaseModel):
             raise ValueError("linear_table: seconds must be positive")
         return self
 
+    def at(self, batch_tokens: float) -> float:
+        """Interpolated between the points; below the first, the first; past the last, the
+        last segment continued, never falling (a measured table can end on noise)."""
+        tokens, seconds = self.tokens, self.seconds
+        i = bisect.bisect_left(tokens, batch_tokens)
+        if i == 0:
+            return seconds[0]
+        if i == len(tokens):
+            slope = (seconds[-1] - seconds[-2]) / (tokens[-1] - tokens[-2])
+            return seconds[-1] + max(slope, 0.0) * (batch_tokens - tokens[-1])
+        t0, t1, s0 = tokens[i - 1], tokens[i], seconds[i - 1]
+        return s0 + (seconds[i] - s0) * (batch_tokens - t0) / (t1 - t0)
+
 
 class Profile(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -91,19 +105,9 @@ class Profile(BaseModel):
 
     def linear_s(self, batch_tokens: float) -> float:
         """Time of the non-attention layers for ``batch_tokens`` tokens in the batch: the
-        table interpolated (below its first point, that point; past its last, the last
-        segment's slope), else the branches."""
+        table (:meth:`LinearTable.at`), else the branches."""
         table = self.linear_table
-        if table is None:
-            return self.envelope_s(batch_tokens)
-        tokens, seconds = table.tokens, table.seconds
-        i = bisect.bisect_left(tokens, batch_tokens)
-        if i == 0:
-            return seconds[0]
-        if i == len(tokens):
-            i -= 1
-        t0, t1, s0 = tokens[i - 1], tokens[i], seconds[i - 1]
-        return s0 + (seconds[i] - s0) * (batch_tokens - t0) / (t1 - t0)
+        return self.envelope_s(batch_tokens) if table is None else table.at(batch_tokens)
 
     def scaled(self, speed: float) -> Profile:
         """This engine ``speed`` times as fast (every time divided by it)."""

@@ -116,9 +116,11 @@ def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
     """The profile of the measured engine, and the fitted terms with their residuals."""
     terms = fit_terms(m)
     tokens = sorted(m.prefill_s)
+    fixed = terms.a5 + terms.a7
     table = LinearTable(tokens=tuple(tokens), seconds=tuple(
-        max(m.prefill_s[t] - terms.a2 * t * t / 2 - terms.a5 - terms.a7, MIN_STEP_S) for t in tokens))
-    fit = fit_linear_layers(table)
+        max(m.prefill_s[t] - terms.a2 * t * t / 2 - fixed, MIN_STEP_S) for t in tokens))
+    most = max(m.max_model_len, m.chunk_token_budget)  # the most tokens in one step
+    fit = fit_linear_layers(table, up_to=most)
     profile = Profile.model_validate(dict(
         name=name,
         a0_s=fit.a0_s,
@@ -132,7 +134,7 @@ def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
         kv_capacity_tokens=m.kv_capacity_tokens,
         max_running=m.max_running,
         chunk_token_budget=m.chunk_token_budget,
-        prefill_first_token_budget=max(m.max_model_len, m.chunk_token_budget),
+        prefill_first_token_budget=most,
         linear_table=table,
     ))
     return profile, terms
