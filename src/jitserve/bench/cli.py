@@ -112,6 +112,14 @@ def register(subparsers: Any) -> None:
         type=int,
         help="engine batch slots B (vLLM max_num_seqs); default: the profile's (256)",
     )
+    parser.add_argument("--max-prompt", type=int, metavar="TOKENS",
+                        help="cap every prompt at this many tokens (as --live's workload on a "
+                        "CPU model; default: none)")
+    parser.add_argument("--max-output", type=int, metavar="TOKENS",
+                        help="cap every output at this many tokens (default: none)")
+    parser.add_argument("--tool-scale", type=float, default=1.0,
+                        help="multiply compound programs' tool time by this (--live's workload: "
+                        "0.1)")
     parser.add_argument(
         "--tenant-mix",
         metavar="NAME=W,...",
@@ -254,6 +262,9 @@ def main(args: argparse.Namespace) -> int:
             arrival=args.arrival,
             duration_s=args.duration,
             slo=spec.slo_defaults,
+            max_prompt=args.max_prompt,
+            max_output=args.max_output,
+            tool_scale=args.tool_scale,
         )
         if tenants:
             workload = replace(workload, tenants=tenants[0], tenant_demand=tenants[1])

@@ -20,7 +20,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ from jitserve.goodput import (
 )
 from jitserve.requests import Program, Request, Workitem
 from jitserve.sidecar import headers as hdr
+from jitserve.sim.workload import WorkloadSpec, generate, parse_mix
 from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
 
 # ---- live workload --------------------------------------------------------------------------
@@ -49,33 +50,21 @@ def _prompt_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(10, 1000) for _ in range(n)]
 
 
-def scale_workload(items: list[Workitem], max_prompt: int, max_output: int,
-                   tool_scale: float = 0.1) -> list[Workitem]:
-    """Cap prompt and output lengths (a CPU model is slow) and shorten tool calls."""
-    out: list[Workitem] = []
-    for item in items:
-        if isinstance(item, Request):
-            out.append(replace(item, prompt_tokens=min(item.prompt_tokens, max_prompt),
-                               output_tokens=min(item.output_tokens or 1, max_output)))
-        else:
-            stages = tuple(
-                replace(s, tool_s=s.tool_s * tool_scale,
-                        calls=tuple(replace(c, prompt_tokens=min(c.prompt_tokens, max_prompt),
-                                            output_tokens=min(c.output_tokens, max_output))
-                                    for c in s.calls))
-                for s in item.stages)
-            out.append(replace(item, stages=stages))
-    return out
-
-
 def live_workload(duration_s: float, rate_per_s: float, seed: int = 1, mix: str = "1:1:1",
                   trace: str = "azure-conv", max_prompt: int = 128, max_output: int = 96,
                   ) -> list[Workitem]:
-    from jitserve.sim.workload import WorkloadSpec, generate, parse_mix
+    return list(generate(live_spec(duration_s, rate_per_s, seed, mix, trace, max_prompt,
+                                   max_output)))
 
-    spec = WorkloadSpec(trace=trace, mix=parse_mix(mix), arrival="poisson", rate_per_s=rate_per_s,
-                        duration_s=duration_s, seed=seed)
-    return scale_workload(list(generate(spec)), max_prompt, max_output)
+
+def live_spec(duration_s: float, rate_per_s: float, seed: int = 1, mix: str = "1:1:1",
+              trace: str = "azure-conv", max_prompt: int = 128, max_output: int = 96,
+              ) -> WorkloadSpec:
+    """The live bench's workload: Poisson arrivals, lengths capped for a CPU model, tool
+    calls a tenth as long; the simulator replays the same items from the same spec."""
+    return WorkloadSpec(trace=trace, mix=parse_mix(mix), arrival="poisson",
+                        rate_per_s=rate_per_s, duration_s=duration_s, seed=seed,
+                        max_prompt=max_prompt, max_output=max_output, tool_scale=0.1)
 
 
 def _slo_body(req: Request, program: Program | None = None, stage: int = 0) -> dict[str, Any]:

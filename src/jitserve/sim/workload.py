@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 
@@ -121,6 +121,12 @@ class WorkloadSpec:
     slo: SLODefaults = field(default_factory=SLODefaults)
     window_offset: int | None = None
     """First trace row replayed (arrivals and lengths); None: chosen by the seed."""
+    max_prompt: int | None = None
+    """Prompt tokens of any request or call capped here (a CPU model is slow); None: none."""
+    max_output: int | None = None
+    """Output tokens capped here; None: none."""
+    tool_scale: float = 1.0
+    """Compound programs' tool time multiplied by this (the live bench's 0.1 with caps)."""
 
     def __post_init__(self) -> None:
         if self.trace not in (*TRACES, "synthetic"):
@@ -139,6 +145,12 @@ class WorkloadSpec:
             raise ValueError(f"window offset must be >= 0, got {self.window_offset}")
         if self.duration_s <= 0:
             raise ValueError(f"duration must be positive, got {self.duration_s}")
+        for name in ("max_prompt", "max_output"):
+            cap = getattr(self, name)
+            if cap is not None and cap < 1:
+                raise ValueError(f"{name} must be at least 1, got {cap}")
+        if not self.tool_scale >= 0:
+            raise ValueError(f"tool scale must be >= 0, got {self.tool_scale}")
         if self.rate_per_s is not None and not self.rate_per_s > 0:
             raise ValueError(f"rate must be positive, got {self.rate_per_s}")
         if self.tenant_demand is not None and (
@@ -237,7 +249,29 @@ def native_rate(spec: WorkloadSpec) -> float:
 
 
 def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
-    """Work items in arrival order, lazily."""
+    """Work items in arrival order, lazily, lengths capped and tools scaled as ``spec``
+    says (the same draws as without: a capped workload is the uncapped one, shortened)."""
+    items = _drawn(spec)
+    if spec.max_prompt is None and spec.max_output is None and spec.tool_scale == 1.0:
+        return items
+    return (_capped(spec, item) for item in items)
+
+
+def _capped(spec: WorkloadSpec, item: Workitem) -> Workitem:
+    prompt_cap, output_cap = spec.max_prompt or 1 << 62, spec.max_output or 1 << 62
+    if isinstance(item, Request):
+        return replace(item, prompt_tokens=min(item.prompt_tokens, prompt_cap),
+                       output_tokens=min(item.output_tokens or 1, output_cap))
+    stages = tuple(
+        replace(s, tool_s=s.tool_s * spec.tool_scale,
+                calls=tuple(replace(c, prompt_tokens=min(c.prompt_tokens, prompt_cap),
+                                    output_tokens=min(c.output_tokens, output_cap))
+                            for c in s.calls))
+        for s in item.stages)
+    return replace(item, stages=stages)
+
+
+def _drawn(spec: WorkloadSpec) -> Iterator[Workitem]:
     rng = np.random.default_rng(spec.seed)
     lengths = _Lengths(spec, np.random.default_rng(spec.seed + 7919))
     rate = spec.rate_per_s or native_rate(spec)
