@@ -119,22 +119,13 @@ def fit_linear_layers(table: LinearTable, up_to: int = 0) -> Fit:
     return best[1]
 
 
-def profile_of(fit: Fit, reference: Reference, table: LinearTable | None,
-               **limits: int) -> Profile:
-    """The engine profile for a fit and the measured table (None: the branches alone)."""
-    fields: dict[str, object] = dict(
-        name="a100-llama3-8b",
-        a0_s=fit.a0_s,
-        a1_s_per_prefill_token=fit.a1_s_per_token,
-        a2_s_per_attention_pair=reference.a2,
-        a3_s_per_decode_seq=fit.a3_s_per_token,
-        a4_s_per_context_token=reference.a4,
-        a5_s_per_seq=reference.a5,
-        a6_s_compute_intercept=fit.a6_s_compute_intercept,
-        kv_capacity_tokens=reference.kv_capacity_tokens(),
-        linear_table=table,
-    )
-    return Profile.model_validate({**fields, **limits})
+def profile_of(fit: Fit, table: LinearTable | None, **fields: object) -> Profile:
+    """A profile with the fit's two branches and the measured table (None: the branches
+    alone); ``fields`` give the rest (name, the physical or measured terms, limits)."""
+    return Profile.model_validate({
+        "a0_s": fit.a0_s, "a1_s_per_prefill_token": fit.a1_s_per_token,
+        "a3_s_per_decode_seq": fit.a3_s_per_token,
+        "a6_s_compute_intercept": fit.a6_s_compute_intercept, "linear_table": table, **fields})
 
 
 def relative_errors(
@@ -212,8 +203,12 @@ def calibrated_document(
     reference = Reference(model, hardware)
     table = measured_table(reference)
     fit = fit_linear_layers(table)
-    profile = profile_of(fit, reference, table, **VLLM_V1_A100_LIMITS)
-    envelope = profile_of(fit, reference, None, **VLLM_V1_A100_LIMITS)
+    physics: dict[str, object] = dict(
+        name="a100-llama3-8b", a2_s_per_attention_pair=reference.a2,
+        a4_s_per_context_token=reference.a4, a5_s_per_seq=reference.a5,
+        kv_capacity_tokens=reference.kv_capacity_tokens(), **VLLM_V1_A100_LIMITS)
+    profile = profile_of(fit, table, **physics)
+    envelope = profile_of(fit, None, **physics)
     fine = fine_grid_shapes(profile.max_running)
     kv_gb = reference.kv_capacity_tokens() * model.kv_bytes_per_token / 1e9
     sources = {

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from jitserve.sim.calibrate import fit_linear_layers
+from jitserve.sim.calibrate import fit_linear_layers, profile_of
 from jitserve.sim.latency import LinearTable, Profile
 
 MIN_STEP_S = 1e-6
@@ -121,22 +121,12 @@ def measured_profile(m: Measurements, name: str) -> tuple[Profile, Terms]:
         max(m.prefill_s[t] - terms.a2 * t * t / 2 - fixed, MIN_STEP_S) for t in tokens))
     most = max(m.max_model_len, m.chunk_token_budget)  # the most tokens in one step
     fit = fit_linear_layers(table, up_to=most)
-    profile = Profile.model_validate(dict(
-        name=name,
-        a0_s=fit.a0_s,
-        a1_s_per_prefill_token=fit.a1_s_per_token,
-        a2_s_per_attention_pair=terms.a2,
-        a3_s_per_decode_seq=fit.a3_s_per_token,
-        a4_s_per_context_token=terms.a4,
-        a5_s_per_seq=terms.a5,
-        a6_s_compute_intercept=fit.a6_s_compute_intercept,
-        a7_s_per_prefill_step=terms.a7,
-        kv_capacity_tokens=m.kv_capacity_tokens,
-        max_running=m.max_running,
-        chunk_token_budget=m.chunk_token_budget,
-        prefill_first_token_budget=most,
-        linear_table=table,
-    ))
+    profile = profile_of(
+        fit, table, name=name, a2_s_per_attention_pair=terms.a2,
+        a4_s_per_context_token=terms.a4, a5_s_per_seq=terms.a5,
+        a7_s_per_prefill_step=terms.a7, kv_capacity_tokens=m.kv_capacity_tokens,
+        max_running=m.max_running, chunk_token_budget=m.chunk_token_budget,
+        prefill_first_token_budget=most)
     return profile, terms
 
 
