@@ -31,7 +31,7 @@ from typing import Any
 
 from jitserve.bench import live as live_bench
 from jitserve.bench.capacity import measure_capacity
-from jitserve.bench.live import _scheduler_state, live_row, live_spec, run_live, switch_policy
+from jitserve.bench.live import live_row, live_spec, run_live, scheduler_state, switch_policy
 from jitserve.bench.runner import Cell, run_one
 from jitserve.policy import SLOPolicySpec
 from jitserve.sim.latency import load_profile
@@ -59,7 +59,7 @@ async def live_rounds(args: argparse.Namespace, load: float, spec: Any,
             ledger, stats, wall = await run_live(args.url, items, seed=args.seed,
                                                  prompt_seed=time.time_ns())
             async with aiohttp.ClientSession() as session:
-                state = await _scheduler_state(session, args.url)
+                state = await scheduler_state(session, args.url)
             row = live_row(policy, ledger, stats, spec.duration_s, wall, load=load,
                            seed=args.seed, scheduler=state)
             out[policy].append(flat(row))

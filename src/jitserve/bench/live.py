@@ -268,7 +268,7 @@ def live_row(policy: str, ledger: GoodputLedger, stats: LiveStats, duration_s: f
     }
 
 
-async def _scheduler_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+async def scheduler_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
     try:
         async with session.get(url.rstrip("/") + "/debug/scheduler") as resp:
             if resp.status != 200:
@@ -291,7 +291,7 @@ async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
-            state = await _scheduler_state(session, url)
+            state = await scheduler_state(session, url)
             if state and state.get("policy") == policy and not state.get("running"):
                 return
             await asyncio.sleep(0.5)
@@ -337,7 +337,7 @@ async def _bench_live(args: argparse.Namespace) -> list[dict[str, Any]]:
         ledger, stats, wall = await run_live(args.url, items, args.model, args.seed,
                                              carrier=args.slo_via)
         async with aiohttp.ClientSession() as session:
-            state = await _scheduler_state(session, args.url)
+            state = await scheduler_state(session, args.url)
         name = policy or (state or {}).get("policy") or "endpoint"
         rows.append(live_row(str(name), ledger, stats, args.duration, wall, seed=args.seed,
                              scheduler=state))
