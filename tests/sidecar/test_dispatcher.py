@@ -477,3 +477,22 @@ def test_a_bounded_shutdown_ends_even_when_its_tasks_ignore_the_cancel() -> None
         return False
 
     assert asyncio.run(scenario())
+
+
+def test_the_f_gauge_shows_the_weight_in_effect() -> None:
+    """``jitserve_fairness_weight`` is f as applied: the configured weight with the
+    fairness mechanism on, 0 with it off or under a baseline that has no fairness."""
+    on = load_policy({"fairness": {"weight": 0.5}})
+    d, _, _ = make_dispatcher(on, batch=2)
+
+    def shown() -> tuple[float, float]:
+        gauge = d.metrics.fairness_weight._value.get()  # type: ignore[attr-defined]
+        return float(gauge), float(d.snapshot()["fairness_weight"])
+
+    d.apply_spec(on)
+    assert shown() == (0.5, 0.5)
+    d.apply_spec(load_policy({"fairness": {"weight": 0.5},
+                              "scheduler": {"mechanisms": {"fairness": False}}}))
+    assert shown() == (0.0, 0.0)
+    d.apply_spec(load_policy({"fairness": {"weight": 0.5}, "scheduler": {"policy": "edf-ac"}}))
+    assert shown() == (0.0, 0.0)

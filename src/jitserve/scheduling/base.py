@@ -140,7 +140,8 @@ class Policy(ABC):
         return 0.0
 
     def describe(self) -> dict[str, float]:
-        """Live figures for metrics and status (e.g. the effective cutoff p)."""
+        """Live figures for metrics and status (e.g. the effective cutoff p, the fairness
+        weight f in effect: absent, 0)."""
         return {}
 
 

@@ -249,7 +249,8 @@ class GMAX(QueuedPolicy):
         return bar if math.isfinite(bar) and bar > 0 else 0.0
 
     def describe(self) -> dict[str, float]:
-        return {"cutoff": self.group.cutoff, "median_priority": self.median_priority}
+        return {"cutoff": self.group.cutoff, "median_priority": self.median_priority,
+                "fairness_weight": self.fair.f}
 
     # ---- the frame -------------------------------------------------------------------
     def plan(self, view: EngineView) -> FramePlan:

@@ -204,7 +204,7 @@ class Dispatcher:
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile
         self.lifecycle.refine_every = spec.scheduler.refine_every
-        self.report.describe(self.policy, spec.fairness.weight)
+        self.report.describe(self.policy)
         self.frames.wake()
 
     # ---- arrivals -----------------------------------------------------------------------
@@ -396,7 +396,7 @@ class Dispatcher:
             self._retired(gone)
         for outcome in self.programs.expire(self.lifecycle, now):
             self.report.outcome(outcome, label(outcome))
-        self.report.frame(now, result, self.policy, self.spec.fairness.weight,
+        self.report.frame(now, result, self.policy,
                           itertools.chain(self.lifecycle.running, self.lifecycle.waiting),
                           len(self.lifecycle.running))
 

@@ -86,7 +86,8 @@ class SidecarMetrics:
         self.effective_cutoff = Gauge(
             "jitserve_effective_cutoff", "GMAX priority cutoff p in effect.", registry=r)
         self.fairness_weight = Gauge(
-            "jitserve_fairness_weight", "Fairness weight f in effect.", registry=r)
+            "jitserve_fairness_weight", "Fairness weight f in effect: the configured one, 0 with "
+            "mechanisms.fairness off or under a policy without fairness.", registry=r)
         self.ttft = Histogram("jitserve_ttft_seconds", "Time to first token.", ["kind"],
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.tbt = Histogram("jitserve_tbt_seconds", "Time between streamed tokens.", ["kind"],

@@ -118,28 +118,29 @@ class Reporter:
                                   "generated": generated, "t": now,
                                   "vllm_priority": vllm_priority})
 
-    def frame(self, now: float, result: FrameResult, policy: Policy, fairness_weight: float,
+    def frame(self, now: float, result: FrameResult, policy: Policy,
               live: Iterable[LiveRequest], running: int) -> None:
         if policy.waiting() == 0:
             self.dispatch_gap.idle()
         self.metrics.preemptions.inc(len(result.preempted))
         self.metrics.frames.inc()
         self.metrics.frame_seconds.observe(result.policy_s)
-        self.describe(policy, fairness_weight)
+        self.describe(policy)
         shown = [r for _, r in zip(range(50), live, strict=False)]
         self.frame_log.append({
             "t": now, "policy_s": result.policy_s, "describe": policy.describe(),
-            "fairness_weight": fairness_weight, "waiting": policy.waiting(), "running": running,
+            "fairness_weight": fairness_in_effect(policy), "waiting": policy.waiting(),
+            "running": running,
             "preempted": [r.req.request_id for r in result.preempted],
             "retired": [g.request.req.request_id for g in result.retired],
             "priorities": {r.req.request_id: policy.priority_of(r) for r in shown},
         })
 
-    def describe(self, policy: Policy, fairness_weight: float) -> None:
+    def describe(self, policy: Policy) -> None:
         cutoff = policy.describe().get("cutoff")
         if cutoff is not None:
             self.metrics.effective_cutoff.set(cutoff)
-        self.metrics.fairness_weight.set(fairness_weight)
+        self.metrics.fairness_weight.set(fairness_in_effect(policy))
 
     def gauges(self, waiting: int, running: int) -> None:
         self.metrics.queue_depth.set(waiting)
@@ -153,7 +154,7 @@ class Reporter:
         return {
             "policy": policy.name,
             "describe": policy.describe(),
-            "fairness_weight": spec.fairness.weight,
+            "fairness_weight": fairness_in_effect(policy),
             "ready": health.ready,
             "not_ready_reason": None if health.ready else health.reason,
             "waiting": policy.waiting(),
@@ -209,3 +210,9 @@ class DispatchGap:
         gaps = sorted(self._gaps)
         return {"p50": gaps[len(gaps) // 2] * 1e3, "p99": gaps[int(0.99 * (len(gaps) - 1))] * 1e3,
                 "count": float(len(gaps))}
+
+
+def fairness_in_effect(policy: Policy) -> float:
+    """f as the policy applies it: 0 with ``mechanisms.fairness`` off or a policy without
+    fairness (the configured weight would say otherwise)."""
+    return policy.describe().get("fairness_weight", 0.0)
