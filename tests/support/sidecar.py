@@ -17,6 +17,9 @@ from jitserve.sidecar.cli import serve_command
 
 from .http import get_json, get_text
 
+BIND_TRIES = 3
+"""Starts of a sidecar whose port was taken between the check and its bind."""
+
 
 class SidecarProcess:
     def __init__(
@@ -35,35 +38,61 @@ class SidecarProcess:
         """``engine_queue`` 0 by default: most tests watch the sidecar's own queue order;
         None leaves the CLI's default. ``admin_port``: /metrics and /debug on a port of
         their own, as the operator runs it (``admin_url``)."""
-        self.port = vl.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.admin_port = vl.free_port() if admin_port else None
-        self.admin_url = f"http://127.0.0.1:{self.admin_port}" if admin_port else self.url
         self.config = config
-        extra = ["--reload-interval", "0.2", "--log-level", "INFO"]
-        if self.admin_port is not None:
-            extra += ["--admin-port", str(self.admin_port)]
+        self._admin = admin_port
+        self._extra = ["--reload-interval", "0.2", "--log-level", "INFO"]
         if engine_queue is not None:
-            extra += ["--engine-queue", str(engine_queue)]
+            self._extra += ["--engine-queue", str(engine_queue)]
         for key, tenant in (api_keys or {}).items():
-            extra += ["--api-key", f"{tenant}={key}"]
+            self._extra += ["--api-key", f"{tenant}={key}"]
         if max_body_bytes is not None:
-            extra += ["--max-body-bytes", str(max_body_bytes)]
-        cmd = serve_command(backend_url, self.port, config, max_running,
-                            extra=[*extra, *(extra_args or [])])
+            self._extra += ["--max-body-bytes", str(max_body_bytes)]
+        self._extra += extra_args or []
+        self._backend_url, self._max_running = backend_url, max_running
         self.log_path = log_path or config.with_suffix(".log")
         self._log = self.log_path.open("ab")
+        self._start()
+
+    def _start(self) -> None:
+        """On free ports: a port found free can be taken by another process (another
+        pytest worker's server) before the sidecar binds it; :meth:`_wait` then starts
+        it again on new ones."""
+        self.port = vl.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_port = vl.free_port() if self._admin else None
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}" if self.admin_port else self.url
+        admin = ["--admin-port", str(self.admin_port)] if self.admin_port is not None else []
+        cmd = serve_command(self._backend_url, self.port, self.config, self._max_running,
+                            extra=[*self._extra, *admin])
+        self._log.flush()
+        self._log_from = self.log_path.stat().st_size
         self.proc = vl.start_process(cmd, self._log)
 
+    def _lost_its_port(self) -> bool:
+        if self.proc.poll() is None:
+            return False
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_from)
+            return b"address already in use" in log.read()
+
+    def _wait(self, path: str, timeout_s: float) -> bool:
+        for _ in range(BIND_TRIES):
+            if vl.wait_http_ok(self.url + path, timeout_s, self.proc):
+                return True
+            if not self._lost_its_port():
+                return False
+            self._start()
+        return False
+
     def wait_ready(self, timeout_s: float = 120.0) -> SidecarProcess:
-        if not vl.wait_http_ok(self.url + "/ready", timeout_s, self.proc):
+        if not self._wait("/ready", timeout_s):
             raise AssertionError(f"sidecar not ready (exit code {self.proc.poll()}); log:\n"
                                  f"{vl.tail(self.log_path)}")
         return self
 
     def wait_up(self, timeout_s: float = 120.0) -> SidecarProcess:
         """Until the process serves (``/health``), ready or not."""
-        if not vl.wait_http_ok(self.url + "/health", timeout_s, self.proc):
+        if not self._wait("/health", timeout_s):
             raise AssertionError(f"sidecar not up; log:\n{vl.tail(self.log_path)}")
         return self
 
