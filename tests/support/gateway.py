@@ -17,6 +17,7 @@ from jitserve.gateway.cli import gateway_command
 from jitserve.gateway.proxy import REPLICA_HEADER
 
 from .http import get_json, get_text
+from .processes import OnFreePorts
 from .waiting import wait_until
 
 PATIENT = ("--report-max-age", "60")
@@ -32,25 +33,28 @@ class Replica(Protocol):
     port: int
 
 
-class GatewayProcess:
+class GatewayProcess(OnFreePorts):
     def __init__(self, sidecars: Sequence[Replica], log_path: Path, *,
                  extra_args: list[str] | None = None) -> None:
+        self.names = [f"127.0.0.1:{s.port}" for s in sidecars]
+        """Each sidecar's replica name, in the order given."""
+        self._replicas = [(s.url, s.admin_url) for s in sidecars]
+        self._extra = ["--log-level", "INFO", *(extra_args or [])]
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.start()
+
+    def launch(self) -> None:
         self.port, self.admin_port = vl.free_port(), vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
-        self.names = [f"127.0.0.1:{s.port}" for s in sidecars]
-        """Each sidecar's replica name, in the order given."""
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        cmd = gateway_command([(s.url, s.admin_url) for s in sidecars], self.port,
-                              self.admin_port, extra=["--log-level", "INFO",
-                                                      *(extra_args or [])])
+        cmd = gateway_command(self._replicas, self.port, self.admin_port, extra=self._extra)
         self.proc = vl.start_process(cmd, self._log)
 
     def wait_ready(self, replicas: int | None = None, timeout_s: float = 120.0) -> GatewayProcess:
         """Until the gateway serves and ``replicas`` (default: all) are in its picks."""
         want = len(self.names) if replicas is None else replicas
-        if not vl.wait_http_ok(self.admin_url + "/health", timeout_s, self.proc):
+        if not self.wait_serving(lambda: self.admin_url + "/health", timeout_s):
             raise AssertionError(f"gateway not up; log:\n{vl.tail(self.log_path)}")
         wait_until(f"{want} replicas in the picks", lambda: len(self.ready()) >= want, timeout_s)
         return self

@@ -16,12 +16,10 @@ from jitserve.devstack import vllm as vl
 from jitserve.sidecar.cli import serve_command
 
 from .http import get_json, get_text
-
-BIND_TRIES = 3
-"""Starts of a sidecar whose port was taken between the check and its bind."""
+from .processes import OnFreePorts
 
 
-class SidecarProcess:
+class SidecarProcess(OnFreePorts):
     def __init__(
         self,
         backend_url: str,
@@ -51,12 +49,9 @@ class SidecarProcess:
         self._backend_url, self._max_running = backend_url, max_running
         self.log_path = log_path or config.with_suffix(".log")
         self._log = self.log_path.open("ab")
-        self._start()
+        self.start()
 
-    def _start(self) -> None:
-        """On free ports: a port found free can be taken by another process (another
-        pytest worker's server) before the sidecar binds it; :meth:`_wait` then starts
-        it again on new ones."""
+    def launch(self) -> None:
         self.port = vl.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_port = vl.free_port() if self._admin else None
@@ -64,35 +59,17 @@ class SidecarProcess:
         admin = ["--admin-port", str(self.admin_port)] if self.admin_port is not None else []
         cmd = serve_command(self._backend_url, self.port, self.config, self._max_running,
                             extra=[*self._extra, *admin])
-        self._log.flush()
-        self._log_from = self.log_path.stat().st_size
         self.proc = vl.start_process(cmd, self._log)
 
-    def _lost_its_port(self) -> bool:
-        if self.proc.poll() is None:
-            return False
-        with self.log_path.open("rb") as log:
-            log.seek(self._log_from)
-            return b"address already in use" in log.read()
-
-    def _wait(self, path: str, timeout_s: float) -> bool:
-        for _ in range(BIND_TRIES):
-            if vl.wait_http_ok(self.url + path, timeout_s, self.proc):
-                return True
-            if not self._lost_its_port():
-                return False
-            self._start()
-        return False
-
     def wait_ready(self, timeout_s: float = 120.0) -> SidecarProcess:
-        if not self._wait("/ready", timeout_s):
+        if not self.wait_serving(lambda: self.url + "/ready", timeout_s):
             raise AssertionError(f"sidecar not ready (exit code {self.proc.poll()}); log:\n"
                                  f"{vl.tail(self.log_path)}")
         return self
 
     def wait_up(self, timeout_s: float = 120.0) -> SidecarProcess:
         """Until the process serves (``/health``), ready or not."""
-        if not self._wait("/health", timeout_s):
+        if not self.wait_serving(lambda: self.url + "/health", timeout_s):
             raise AssertionError(f"sidecar not up; log:\n{vl.tail(self.log_path)}")
         return self
 
