@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from jitserve.engine.predictor import OnlineStepModel
 from jitserve.engine.steps import BudgetSteps
 from jitserve.scheduling.budget import DUE_ARG, TBT_ARG, BudgetRule
+from jitserve.scheduling.step_model import OnlineStepModel
 
 
 @dataclass

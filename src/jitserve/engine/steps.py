@@ -5,7 +5,7 @@ scheduler, kept free of vLLM so it is tested without it: it reads vLLM's request
 only through the attributes of :class:`EngineRequest`. Before each ``schedule()`` it
 turns the running and waiting requests into the budget rule's inputs (the TBT slack of
 each decode, the prompt tokens still to compute) and returns the budget; after each step
-it feeds the measured step time to the :class:`~jitserve.engine.predictor.OnlineStepModel`.
+it feeds the measured step time to the :class:`~jitserve.scheduling.step_model.OnlineStepModel`.
 
 A request's SLO comes in its ``vllm_xargs`` (vLLM's ``sampling_params.extra_args``), as
 the sidecar sets them per dispatch: ``jitserve_due_s``, the wall-clock time (epoch s) its
@@ -23,16 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from jitserve.engine.predictor import OnlineStepModel
 from jitserve.scheduling.budget import (
     DUE_ARG,
     RULE_ENV,
     TBT_ARG,
     BudgetRule,
     DecodeSlack,
-    StepTime,
     choose_budget,
 )
+from jitserve.scheduling.step_model import OnlineStepModel
 
 
 class EngineRequest(Protocol):
@@ -106,13 +105,7 @@ class BudgetSteps:
                 demand += left
         demand += sum(max(0, r.num_tokens - r.num_computed_tokens) for r in waiting)
         n = len(decodes)
-        step: StepTime | None = None
-        if self.model.ready:
-            model = self.model
-
-            def step(p: int) -> float:
-                return model.predict(n + p, n + (1 if p else 0))
-
+        step = self.model.step_time(n)
         budget = choose_budget(self.rule, step, decodes, decoders=n, most=self.most,
                                demand=demand)
         window = None

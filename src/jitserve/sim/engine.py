@@ -34,9 +34,13 @@ from jitserve.scheduling.budget import BudgetRule
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
-from jitserve.sim.budgeting import constructed_batch, iteration_budget
+from jitserve.sim.budgeting import constructed_batch, iteration_budget, warm_started
 from jitserve.sim.latency import Profile
 from jitserve.sim.timeline import Timeline
+
+STRETCH_OBSERVATIONS = 8
+"""Steps of a closed-form decode stretch the step model observes (each the stretch's mean):
+as many as a few engine steps, not hundreds, so prefill steps keep their weight."""
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +106,10 @@ class Engine:
         self.budget_rule = budget_rule
         self.batch_constructor = batch_constructor
         self._budget = profile.chunk_token_budget
+        self.step_model = (warm_started(profile) if budget_rule is not BudgetRule.FIXED
+                           or batch_constructor else None)
+        """What the budget rule and the batch constructor predict steps with (None: neither
+        runs): fitted from the simulated steps, as the in-engine scheduler's is from vLLM's."""
         prefill_s = profile.a1_s_per_prefill_token
         self.lifecycle = Lifecycle(
             policy,
@@ -263,10 +271,10 @@ class Engine:
             budget -= c
             chunks.append((r, c))
         decode_context = self._decode_context() if decoders else 0
-        if self.batch_constructor and self.chunked:
+        if self.step_model is not None and self.batch_constructor and self.chunked:
             full = chunks
-            chunks = constructed_batch(profile, self.now, chunks, self._prefilling, decoders,
-                                       decode_context, self._budget - decoders)
+            chunks = constructed_batch(self.step_model, self.now, chunks, self._prefilling,
+                                       decoders, self._budget - decoders)
             self._stats.constructed += chunks is not full
             prefill_tokens = sum(c for _, c in chunks)
         pairs = sum(c * (r.prefilled + c / 2) for r, c in chunks)
@@ -277,6 +285,8 @@ class Engine:
         self._steps_since_frame += 1
         self._stats.prefill_tokens += prefill_tokens
         self.lifecycle.speed.prefill_iteration(dt, prefill_tokens, decoders)
+        if self.step_model is not None:
+            self.step_model.observe(prefill_tokens + decoders, decoders + len(chunks), dt)
         if decoders:
             self._timeline.extend(np.array([self.now]))
             self._stats.decode_steps += 1
@@ -290,13 +300,12 @@ class Engine:
                 self._emit_prefill_token(r)
 
     def _iteration_budget(self) -> int:
+        assert self.step_model is not None  # made with a budget rule other than fixed
         g = self._timeline.steps
         tokens = ((d.r, d.start_generated + g - d.start_step) for d in self._decoding.values())
         return iteration_budget(
-            self.profile, self.budget_rule, self.now, tokens,
-            self._decode_context() if self._decoding else 0,
-            self._prefilling[0].prefilled if self._prefilling else 0,
-            sum(r.prefill_target - r.prefilled for r in self._prefilling),
+            self.step_model, self.profile.chunk_token_budget, self.budget_rule, self.now,
+            tokens, sum(r.prefill_target - r.prefilled for r in self._prefilling),
             self.policy.waiting() > 0)
 
     def _emit_prefill_token(self, r: LiveRequest) -> None:
@@ -341,6 +350,9 @@ class Engine:
         self._timeline.extend(ends)
         dt = float(ends[-1]) - self.now
         self.lifecycle.speed.decode_stretch(dt, m, d)
+        if self.step_model is not None:
+            for _ in range(min(m, STRETCH_OBSERVATIONS)):  # the stretch's mean step
+                self.step_model.observe(d, d, dt / m)
         self.now = float(ends[-1])
         self._stats.iterations += m
         self._stats.decode_steps += m

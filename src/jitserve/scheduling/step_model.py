@@ -1,4 +1,7 @@
-"""The batch-latency model inside vLLM, fitted online from measured step times (pure).
+"""The batch-latency model the budget rules predict with, fitted online from observed
+step times (pure): inside vLLM from the steps it takes (:mod:`jitserve.engine.steps`), in
+the simulator from the steps it simulates, warm started from the profile
+(:mod:`jitserve.sim.budgeting`), so the simulated rules carry the model's error too.
 
 ``t = c0 + c1*T + c2*T^2 + c3*n`` for ``T`` tokens and ``n`` requests in the step: the
 fixed cost of a forward pass, the per-token linear layers, attention's growth with the
@@ -11,6 +14,7 @@ the per-sequence sampling. Least squares over the latest ``window`` steps, refit
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,6 +52,17 @@ class OnlineStepModel:
         coef[0] = max(coef[0], 0.0)
         self.coef = (float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
         self._since_fit = 0
+
+    def step_time(self, decoders: int) -> Callable[[int], float] | None:
+        """The predictor the budget rules take: a step of ``decoders`` decodes and ``p``
+        prompt tokens (one more request when ``p``); None until the model is fitted."""
+        if self.coef is None:
+            return None
+
+        def step(p: int) -> float:
+            return self.predict(decoders + p, decoders + (1 if p else 0))
+
+        return step
 
     def predict(self, tokens: int, requests: int) -> float:
         assert self.coef is not None
