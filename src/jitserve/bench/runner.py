@@ -23,7 +23,8 @@ from jitserve.bench.variants import make_setup, policy_names
 from jitserve.goodput import GoodputLedger
 from jitserve.policy import SLOPolicySpec
 from jitserve.sim.cluster import run_placed
-from jitserve.sim.engine import Engine, EngineStats
+from jitserve.sim.engine import Engine
+from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile, load_profile
 from jitserve.sim.workload import WorkloadSpec, generate
 

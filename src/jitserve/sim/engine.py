@@ -23,11 +23,11 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from jitserve.goodput import GoodputLedger, LogHistogram
+from jitserve.goodput import GoodputLedger
 from jitserve.requests import LiveProgram, LiveRequest, Program, Request, Workitem
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.budget import BudgetRule
@@ -35,6 +35,7 @@ from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sim.budgeting import constructed_batch, iteration_budget, warm_started
+from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile
 from jitserve.sim.timeline import Timeline
 
@@ -51,41 +52,6 @@ class _Decoding:
     start_step: int  # global index of the step that delivers token ``start_generated``
     start_generated: int
     finish_step: int  # completed-step count at which the last token is out
-
-
-@dataclass
-class EngineStats:
-    iterations: int = 0
-    decode_steps: int = 0
-    preemptions: int = 0
-    kv_preemptions: int = 0
-    retired: int = 0
-    output_tokens: int = 0
-    prefill_tokens: int = 0
-    frames: int = 0
-    frame_seconds: LogHistogram = field(default_factory=LogHistogram)
-    busy_s: float = 0.0
-    budget_cuts: int = 0
-    """Iterations the budget rule ran below the engine's maximum token budget."""
-    constructed: int = 0
-    """Iterations the BatchConstructor ran a prefill subset instead of the full batch."""
-
-    def merge(self, other: EngineStats) -> None:
-        for name in (
-            "iterations",
-            "decode_steps",
-            "preemptions",
-            "kv_preemptions",
-            "retired",
-            "output_tokens",
-            "prefill_tokens",
-            "frames",
-            "busy_s",
-            "budget_cuts",
-            "constructed",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.frame_seconds.merge(other.frame_seconds)
 
 
 class Engine:
