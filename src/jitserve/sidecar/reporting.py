@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -125,22 +125,25 @@ class Reporter:
         self.metrics.preemptions.inc(len(result.preempted))
         self.metrics.frames.inc()
         self.metrics.frame_seconds.observe(result.policy_s)
-        self.describe(policy)
+        figures = self.describe(policy)
         shown = [r for _, r in zip(range(50), live, strict=False)]
         self.frame_log.append({
-            "t": now, "policy_s": result.policy_s, "describe": policy.describe(),
-            "fairness_weight": fairness_in_effect(policy), "waiting": policy.waiting(),
+            "t": now, "policy_s": result.policy_s, "describe": figures,
+            "fairness_weight": fairness_in_effect(figures), "waiting": policy.waiting(),
             "running": running,
             "preempted": [r.req.request_id for r in result.preempted],
             "retired": [g.request.req.request_id for g in result.retired],
             "priorities": {r.req.request_id: policy.priority_of(r) for r in shown},
         })
 
-    def describe(self, policy: Policy) -> None:
-        cutoff = policy.describe().get("cutoff")
+    def describe(self, policy: Policy) -> dict[str, float]:
+        """The policy's live figures, set on their gauges; returned for the frame log."""
+        figures = policy.describe()
+        cutoff = figures.get("cutoff")
         if cutoff is not None:
             self.metrics.effective_cutoff.set(cutoff)
-        self.metrics.fairness_weight.set(fairness_in_effect(policy))
+        self.metrics.fairness_weight.set(fairness_in_effect(figures))
+        return figures
 
     def gauges(self, waiting: int, running: int) -> None:
         self.metrics.queue_depth.set(waiting)
@@ -151,10 +154,11 @@ class Reporter:
         """The ``/debug/scheduler`` document."""
         policy = lifecycle.policy
         running = list(lifecycle.running)
+        figures = policy.describe()
         return {
             "policy": policy.name,
-            "describe": policy.describe(),
-            "fairness_weight": fairness_in_effect(policy),
+            "describe": figures,
+            "fairness_weight": fairness_in_effect(figures),
             "ready": health.ready,
             "not_ready_reason": None if health.ready else health.reason,
             "waiting": policy.waiting(),
@@ -212,7 +216,8 @@ class DispatchGap:
                 "count": float(len(gaps))}
 
 
-def fairness_in_effect(policy: Policy) -> float:
-    """f as the policy applies it: 0 with ``mechanisms.fairness`` off or a policy without
-    fairness (the configured weight would say otherwise)."""
-    return policy.describe().get("fairness_weight", 0.0)
+def fairness_in_effect(figures: Mapping[str, float]) -> float:
+    """f as the policy applies it, from its :meth:`~Policy.describe` figures: 0 with
+    ``mechanisms.fairness`` off or a policy without fairness (the configured weight would
+    say otherwise)."""
+    return figures.get("fairness_weight", 0.0)

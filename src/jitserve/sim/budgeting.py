@@ -43,7 +43,7 @@ def warm_started(profile: Profile) -> OnlineStepModel:
     replace them."""
     model = OnlineStepModel()
     budget, slots = profile.chunk_token_budget, profile.max_running
-    decoders = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, slots} & set(range(1, slots + 1)))
+    decoders = sorted({d for d in (1, 2, 4, 8, 16, 32, 64, 128, 256, slots) if d <= slots})
     chunks = sorted({c for c in (16, 64, 128, 256, 512, 1024, 2048, budget) if c <= budget})
     for d in decoders:
         model.observe(d, d, profile.step_s(0, 0.0, d, d * 1024, d))
