@@ -107,8 +107,11 @@ def _ready(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def _backend(admin: RestKube, name: str) -> str:
-    ingress = admin.get("networking.k8s.io/v1", "Ingress", NS, name) or {}
-    rules = (ingress.get("spec") or {}).get("rules") or [{}]
+    """The Service the Ingress routes to; "" while the Ingress is not there yet."""
+    ingress = admin.get("networking.k8s.io/v1", "Ingress", NS, name)
+    if ingress is None:
+        return ""
+    rules = ingress["spec"]["rules"]
     return str(rules[0]["http"]["paths"][0]["backend"]["service"]["name"])
 
 
