@@ -76,7 +76,7 @@ def test_lsf_and_sjf_differ_from_edf_and_fifo_on_fresh_requests() -> None:
     def order(policy: object) -> list[str]:
         for r in (early_short, late_long):
             policy.enqueue(r, 1.0)  # type: ignore[attr-defined]
-        return [policy.pop_next(1.0).req.request_id for _ in range(2)]  # type: ignore[attr-defined]
+        return [policy.pop_next(1.0, 0).req.request_id for _ in range(2)]  # type: ignore[attr-defined]
 
     assert order(EDF()) == ["early-short", "late-long"]
     assert order(LSF()) == ["late-long", "early-short"]  # less slack: more work left
@@ -86,7 +86,7 @@ def test_lsf_and_sjf_differ_from_edf_and_fifo_on_fresh_requests() -> None:
     sjf = SJF()
     for x in (late_long, r):
         sjf.enqueue(x, 2.0)
-    assert [sjf.pop_next(2.0).req.request_id for _ in range(2)] == ["new-short", "late-long"]  # type: ignore[union-attr]
+    assert [sjf.pop_next(2.0, 0).req.request_id for _ in range(2)] == ["new-short", "late-long"]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("stages", [2, 5])

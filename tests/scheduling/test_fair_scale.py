@@ -12,7 +12,8 @@ import pytest
 
 from jitserve.policy import load_policy
 from jitserve.scheduling.base import EngineView
-from jitserve.scheduling.gmax import FAIR_TIE, GMAX
+from jitserve.scheduling.gmax import GMAX
+from jitserve.scheduling.scoring import FAIR_TIE
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
 

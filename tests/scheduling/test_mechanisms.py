@@ -121,7 +121,7 @@ def test_sequencing_off_starts_the_group_by_priority() -> None:
         for r in (rich, urgent):
             gmax.enqueue(r, 0.0)
         gmax.frame(view([], batch=8))
-        head = gmax.pop_next(0.0)
+        head = gmax.pop_next(0.0, 0)
         assert head is not None
         return head.req.request_id
 

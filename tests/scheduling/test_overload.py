@@ -6,12 +6,14 @@ import pytest
 
 from jitserve.policy import SLOPolicySpec, load_policy
 from jitserve.requests import LiveRequest
-from jitserve.scheduling.base import EngineView, FramePlan, Policy, QueuedPolicy
+from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.baselines import EDF
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.overload import with_overload_control
+from jitserve.scheduling.overload import OverloadControl
 from jitserve.scheduling.registry import BASELINES, make_policy, scheduler_names
+from jitserve.scheduling.staged import StagedPolicy
 from jitserve.slo import DeadlineSLO
+from tests.support.policies import Spy
 from tests.support.requests import live
 
 
@@ -19,34 +21,13 @@ def view(running: list[LiveRequest], now: float, batch: int = 8) -> EngineView:
     return EngineView(now, batch, running, 0.03, 1e-4, 1e-4)
 
 
-class Spy(QueuedPolicy):
-    """FIFO that records what it saw at each frame and plans nothing."""
-
-    name = "spy"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[set[str]] = []
-
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self.queue.push(r, r.req.arrival_s)
-
-    def plan(self, view: EngineView) -> FramePlan:
-        ids = {r.req.request_id for r in (*view.running, *self.queue.members())}
-        self.seen.append(ids)
-        return FramePlan()
-
-    def planned(self, view: EngineView) -> list[LiveRequest]:
-        return []
-
-
 def test_every_baseline_has_an_ac_form_built_on_the_same_layer() -> None:
     spec = SLOPolicySpec()
     for name in BASELINES:
         raw = make_policy(spec, name=name)
         ac = make_policy(spec, name=f"{name}-ac")
-        assert isinstance(raw, QueuedPolicy) and raw.overload is None
-        assert isinstance(ac, QueuedPolicy) and ac.overload is not None
+        assert isinstance(raw, StagedPolicy) and raw.overload is None
+        assert isinstance(ac, StagedPolicy) and ac.overload is not None
         assert type(ac) is type(raw)
         assert ac.name == f"{name}-ac" and f"{name}-ac" in scheduler_names()
     gmax = make_policy(spec, name="gmax")
@@ -54,8 +35,7 @@ def test_every_baseline_has_an_ac_form_built_on_the_same_layer() -> None:
 
 
 def test_unreachable_work_is_retired_before_the_policy_plans() -> None:
-    spy = Spy()
-    layer = with_overload_control(spy, SLOPolicySpec())
+    spy = layer = Spy(SLOPolicySpec(), OverloadControl())
     # 50k prompt tokens at 1e-4 s each: 5 s of prefill against a 2 s deadline
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     running_doomed = live("running-doomed", arrival=0.0, slo=DeadlineSLO(5), running=True)
@@ -66,12 +46,12 @@ def test_unreachable_work_is_retired_before_the_policy_plans() -> None:
     reasons = {x.request.req.request_id: x.reason.value for x in plan.retire}
     assert reasons == {"doomed": "unreachable", "running-doomed": "unreachable"}
     assert spy.seen == [{"fine"}]  # the policy never planned with lost work
-    assert layer.pop_next(10.0) is fine
+    assert layer.pop_next(10.0, 0) is fine
 
 
 def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
     spec = load_policy({"admission": {"maxWaitingSeconds": 5}})
-    layer = with_overload_control(EDF(), spec)
+    layer = EDF(spec, OverloadControl())
     stale = live("stale", arrival=0.0, slo=DeadlineSLO(1000))
     started = live("started", arrival=0.0, slo=DeadlineSLO(1000))
     started.started_s = 1.0  # ran before and was preempted: not "never started"
@@ -85,7 +65,7 @@ def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
         ("stale", "max_waiting")
     ]
     # with room, the head of EDF's queue is planned and kept past the waiting limit
-    layer2 = with_overload_control(EDF(), spec)
+    layer2 = EDF(spec, OverloadControl())
     stale2 = live("stale", arrival=0.0, slo=DeadlineSLO(1000))
     layer2.enqueue(stale2, 8.0)
     assert layer2.frame(view([], now=10.0, batch=4)).retire == []
@@ -109,8 +89,8 @@ def test_demote_keeps_the_request_as_best_effort(name: str) -> None:
     policy.enqueue(urgent, 10.0)
     if name == "gmax":
         policy.frame(view([], now=10.0))
-    assert policy.pop_next(10.0) is urgent  # everything with an SLO first
-    assert policy.pop_next(10.0) is doomed  # then the demoted one, still served
+    assert policy.pop_next(10.0, 0) is urgent  # everything with an SLO first
+    assert policy.pop_next(10.0, 0) is doomed  # then the demoted one, still served
 
 
 def test_gmax_overload_control_follows_the_mechanism_switch_on_reload() -> None:

@@ -6,27 +6,12 @@ from __future__ import annotations
 import pytest
 
 from jitserve.policy import SLOPolicySpec, load_policy
-from jitserve.requests import LiveRequest
-from jitserve.scheduling.base import EngineView, FramePlan, QueuedPolicy
+from jitserve.scheduling.base import EngineView, FramePlan
 from jitserve.scheduling.baselines import EDF
-from jitserve.scheduling.overload import with_overload_control
+from jitserve.scheduling.overload import OverloadControl
 from jitserve.slo import DeadlineSLO, LatencySLO
+from tests.support.policies import Spy
 from tests.support.requests import live
-
-
-class Spy(QueuedPolicy):
-    """FIFO that plans nothing."""
-
-    name = "spy"
-
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self.queue.push(r, r.req.arrival_s)
-
-    def plan(self, view: EngineView) -> FramePlan:
-        return FramePlan()
-
-    def planned(self, view: EngineView) -> list[LiveRequest]:
-        return []
 
 
 def view(now: float, prefill_s: float, decode_s: float = 0.03, batch: int = 8) -> EngineView:
@@ -38,7 +23,7 @@ def retired(plan: FramePlan) -> list[tuple[str, str]]:
 
 
 def test_unreachable_is_judged_at_the_fastest_measured_speed_not_the_loaded_one() -> None:
-    layer = with_overload_control(Spy(), SLOPolicySpec())
+    layer = Spy(SLOPolicySpec(), OverloadControl())
     layer.frame(view(0.0, prefill_s=1e-4))  # idle: the unloaded speed
     # 20k prompt tokens: 2 s unloaded, 20 s at the loaded 1e-3 s a token; deadline 10 s
     big = live("big", arrival=1.0, prompt=20000, slo=DeadlineSLO(10))
@@ -51,7 +36,7 @@ def test_unreachable_is_judged_at_the_fastest_measured_speed_not_the_loaded_one(
 def test_a_latency_request_whose_first_token_cannot_be_on_time_is_unreachable(
     objective: str,
 ) -> None:
-    layer = with_overload_control(Spy(), load_policy({"objective": objective}))
+    layer = Spy(load_policy({"objective": objective}), OverloadControl())
     # TTFT 0.5 s; at 1e-4 s a token the 50k prompt alone takes 5 s
     doomed = live("doomed", arrival=0.0, prompt=50000, slo=LatencySLO(0.5, 0.1))
     fine = live("fine", arrival=0.0, prompt=100, slo=LatencySLO(0.5, 0.1))
@@ -64,7 +49,7 @@ def test_a_latency_request_whose_first_token_cannot_be_on_time_is_unreachable(
 
 def test_preempted_requests_fall_under_the_max_wait_rule() -> None:
     spec = load_policy({"admission": {"maxWaitingSeconds": 5}})
-    layer = with_overload_control(EDF(), spec)
+    layer = EDF(spec, OverloadControl())
     preempted = live("preempted", arrival=0.0, slo=DeadlineSLO(1000))
     preempted.started_s = 1.0
     recent = live("recent", arrival=0.0, slo=DeadlineSLO(1000))

@@ -16,7 +16,7 @@ def test_a_prompt_that_fits_the_pacer_starts_while_the_head_waits() -> None:
     assert pacer is not None
     running = live("running", slo=DeadlineSLO(60.0))
     gmax.enqueue(running, 0.0)
-    assert gmax.pop_next(0.0) is running  # something runs: the pacer may pace
+    assert gmax.pop_next(0.0, 0) is running  # now something runs: the pacer may pace
     head = live("head", prompt=4000, slo=LatencySLO(2.0, 0.1))
     small = live("small", prompt=100, slo=DeadlineSLO(60.0))
     gmax.enqueue(head, 0.0)
@@ -27,8 +27,8 @@ def test_a_prompt_that_fits_the_pacer_starts_while_the_head_waits() -> None:
     pacer.on_frame(1.0, np.array([0.05]), 0.04, 0.001)
     assert 0 < pacer.rate < 100
     assert gmax.queue.peek() is head  # first in start order
-    assert gmax.pop_next(1.0) is None  # nothing fits yet
+    assert gmax.pop_next(1.0, 1) is None  # nothing fits yet
     # 12 s later ~140 tokens may start (the first start drew 100 ahead): not the head's
     # 4,000, but the small prompt
-    assert gmax.pop_next(13.0) is small
+    assert gmax.pop_next(13.0, 1) is small
     assert gmax.waiting() == 1 and gmax.queue.peek() is head

@@ -19,7 +19,7 @@ def drain(policy: Policy, rs: list[LiveRequest], now: float = 0.0) -> list[str]:
     for r in rs:
         policy.enqueue(r, now)
     order = []
-    while (r := policy.pop_next(now)) is not None:
+    while (r := policy.pop_next(now, 0)) is not None:
         order.append(r.req.request_id)
     return order
 
@@ -119,7 +119,7 @@ def test_gmax_prefers_more_goodput_per_unit_of_work() -> None:
     assert gmax.priority_of(cheap) > gmax.priority_of(latency)
     # a request projected to miss its deadline is discounted by its chance of finishing
     assert gmax.priority_of(cheap) > gmax.priority_of(late)
-    assert gmax.pop_next(0.0) is cheap
+    assert gmax.pop_next(0.0, 0) is cheap
 
 
 def test_gmax_group_is_sequenced_by_latest_start() -> None:
@@ -129,7 +129,7 @@ def test_gmax_group_is_sequenced_by_latest_start() -> None:
     for r in (relaxed, urgent):
         gmax.enqueue(r, 0.0)
     gmax.frame(view([], batch=8))
-    assert [gmax.pop_next(0.0).req.request_id for _ in range(2)] == ["urgent", "relaxed"]  # type: ignore[union-attr]
+    assert [gmax.pop_next(0.0, 0).req.request_id for _ in range(2)] == ["urgent", "relaxed"]  # type: ignore[union-attr]
 
 
 def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
@@ -140,12 +140,12 @@ def test_gmax_overload_control_drops_what_cannot_start_in_time() -> None:
     for r in (a, b):
         gmax.enqueue(r, 0.0)
     gmax.frame(view([], batch=8))
-    first = gmax.pop_next(0.0)
+    first = gmax.pop_next(0.0, 0)
     assert first is not None and first.req.request_id == "a"
     # b left the group: it is ordered after any group member that arrives now
     newcomer = live("new", prompt=10, output=1, slo=DeadlineSLO(30))
     gmax.enqueue(newcomer, 0.0)
-    assert gmax.pop_next(0.0) is newcomer
+    assert gmax.pop_next(0.0, 0) is newcomer
 
 
 def test_gmax_cutoff_and_window_pick_homogeneous_group() -> None:
@@ -189,7 +189,7 @@ def test_gmax_retires_overdue_and_unreachable_requests() -> None:
     plan = gmax.frame(view([], batch=1, now=10.0))
     reasons = {r.request.req.request_id: r.reason.value for r in plan.retire}
     assert reasons == {"stale": "max_waiting", "doomed": "unreachable"}
-    assert gmax.pop_next(10.0) is best
+    assert gmax.pop_next(10.0, 0) is best
 
 
 def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
@@ -197,7 +197,7 @@ def test_gmax_keeps_a_long_waiting_request_it_still_plans_to_serve() -> None:
     patient = live("patient", arrival=0.0, slo=DeadlineSLO(100))
     gmax.enqueue(patient, 9.0)
     assert gmax.frame(view([], batch=8, now=10.0)).retire == []
-    assert gmax.pop_next(10.0) is patient
+    assert gmax.pop_next(10.0, 0) is patient
 
 
 def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
@@ -205,7 +205,7 @@ def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
     doomed = live("doomed", arrival=9.0, prompt=50000, slo=DeadlineSLO(2))
     demote.enqueue(doomed, 9.0)
     assert demote.frame(view([], batch=8, now=10.0)).retire == []
-    assert demote.pop_next(10.0) is doomed  # still served, as best effort
+    assert demote.pop_next(10.0, 0) is doomed  # still served, as best effort
 
 
 def test_fairness_weight_lifts_the_tenant_below_its_share() -> None:
@@ -217,7 +217,7 @@ def test_fairness_weight_lifts_the_tenant_below_its_share() -> None:
         gmax.enqueue(mine, 0.2)
         gmax.enqueue(theirs, 0.2)
         gmax.frame(view([], batch=4, now=0.2))
-        first = gmax.pop_next(0.2)
+        first = gmax.pop_next(0.2, 0)
         assert first is not None
         return gmax.priority_of(mine), gmax.priority_of(theirs), first.req.request_id
 

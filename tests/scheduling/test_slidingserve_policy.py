@@ -26,7 +26,7 @@ def test_levels_then_urgency_then_shortest_remaining() -> None:
     ]
     for r in requests:
         policy.enqueue(r, 0.0)
-    order = [policy.pop_next(0.0) for _ in requests]
+    order = [policy.pop_next(0.0, 0) for _ in requests]
     assert [r.req.request_id for r in order if r is not None] == [
         "urgent", "busier", "relaxed-short", "relaxed-long", "late"]
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveProgram, LiveRequest, LLMCall, Program, Request, Stage
+from jitserve.scheduling.keyed import KeyInput, KeySpeeds
 from jitserve.scheduling.registry import BASELINES
 from jitserve.scheduling.slack import out_of_reach
 from jitserve.scheduling.table import WaitingTable, features_of, out_of_reach_rows
@@ -69,12 +71,16 @@ def test_columns_follow_their_rows_through_removals() -> None:
         assert getattr(mine, name).tolist() == getattr(theirs, name).tolist()
 
 
-@pytest.mark.parametrize("name", ["fcfs", "edf", "lsf", "sjf"])
-def test_a_baselines_array_key_is_its_key(name: str) -> None:
-    policy = BASELINES[name]()
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_a_baselines_key_does_not_depend_on_the_batch(name: str) -> None:
+    """A key is written once, over arrays: a request's key in a batch of 200 is its key
+    alone (an arrival is keyed alone, the table at a frame)."""
+    policy = BASELINES[name](SLOPolicySpec(), None)
     rs = mixed(200, seed=11)
     for r in rs:
         r.expected = r.bound * 0.7
-    keys = policy.keys(features_of(rs), 12.0)
-    assert keys is not None
-    assert keys.tolist() == [policy.key(r, 12.0) for r in rs]
+    speeds = KeySpeeds(prefill_s=2e-4, decode_s=0.02)
+    keys = policy.keys(KeyInput(features_of(rs), rs, 12.0, speeds))
+    alone = [policy.keys(KeyInput(features_of([r]), [r], 12.0, speeds))[0] for r in rs]
+    assert keys.tolist() == alone
+    assert len(set(alone)) > 1

@@ -16,6 +16,7 @@ from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Phase, Request
 from jitserve.scheduling.base import EngineView
 from jitserve.scheduling.registry import make_policy
+from jitserve.scheduling.staged import StagedPolicy
 from jitserve.slo import DeadlineSLO, LatencySLO
 
 BATCH = 256
@@ -43,12 +44,13 @@ def live_requests(n: int, seed: int = 0) -> list[LiveRequest]:
     return out
 
 
-def time_frames(n: int, repeats: int = 5) -> tuple[float, float, float]:
+def time_frames(n: int, repeats: int = 5) -> tuple[float, float, float, dict[str, float]]:
     """(median wall ms of ``repeats`` steady-state frames with ``n`` live requests, 256
     of them running; median CPU ms of this process over them, which other jobs on a
     busy machine do not inflate; the largest share of the queue one timed frame
-    retired)."""
+    retired; each stage's mean wall ms over the timed frames)."""
     policy = make_policy(SLOPolicySpec(), name="gmax")  # GMAX inside its overload control
+    assert isinstance(policy, StagedPolicy)
     rs = live_requests(n)
     running = rs[:BATCH]
     for r in running:
@@ -60,7 +62,10 @@ def time_frames(n: int, repeats: int = 5) -> tuple[float, float, float]:
         policy.enqueue(r, r.req.arrival_s)
     samples, cpu = [], []
     retired_share = 0.0
+    warm: dict[str, float] = {}
     for i in range(WARMUP_FRAMES + repeats):
+        if i == WARMUP_FRAMES:
+            warm = dict(policy.pipeline.seconds)
         view = EngineView(NOW_S + i * FRAME_S, BATCH, running, 0.04, 1e-4, 1e-4)
         queued = policy.waiting()
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -70,13 +75,16 @@ def time_frames(n: int, repeats: int = 5) -> tuple[float, float, float]:
             samples.append(elapsed)
             cpu.append(elapsed_cpu)
             retired_share = max(retired_share, len(plan.retire) / max(queued, 1))
-    return float(np.median(samples) * 1e3), float(np.median(cpu) * 1e3), retired_share
+    stages = {name: (total - warm[name]) / repeats * 1e3
+              for name, total in policy.pipeline.seconds.items()}
+    return float(np.median(samples) * 1e3), float(np.median(cpu) * 1e3), retired_share, stages
 
 
 def main() -> None:
     for n in SIZES:
-        ms, cpu_ms, share = time_frames(n)
+        ms, cpu_ms, share, stages = time_frames(n)
         print(
             f"GMAX decision over {n:>6} live requests: {ms:7.2f} ms wall, {cpu_ms:7.2f} ms "
             f"CPU (median of 5 steady-state frames; retired {share:.1%} of the queue)"
         )
+        print("    stages (mean ms): " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))

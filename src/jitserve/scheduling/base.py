@@ -11,25 +11,20 @@ Ownership (as in vLLM v1, request state is separate from policy):
   at every scheduling frame boundary, and :meth:`Policy.on_finish` when a request leaves.
   A :class:`FramePlan` is plain data: which running requests to preempt and which
   requests to retire, each with its reason.
+
+Every policy here is built as a profile of stages over one frame
+(:class:`~jitserve.scheduling.staged.StagedPolicy`); this module is only the interface.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
-from jitserve.scheduling.slack import latest_start_s
-from jitserve.scheduling.table import Features, FloatArray, WaitingTable
-
-if TYPE_CHECKING:
-    from jitserve.scheduling.overload import OverloadStage
 
 
 @dataclass(slots=True)
@@ -94,11 +89,12 @@ class Policy(ABC):
         """``r`` is waiting (new arrival or preempted)."""
 
     @abstractmethod
-    def peek_next(self, now_s: float) -> LiveRequest | None:
-        """The waiting request to admit next, without removing it."""
+    def peek_next(self, now_s: float, running: int) -> LiveRequest | None:
+        """The waiting request to admit next, without removing it (``running``: how many
+        requests run now)."""
 
     @abstractmethod
-    def pop_next(self, now_s: float) -> LiveRequest | None:
+    def pop_next(self, now_s: float, running: int) -> LiveRequest | None:
         """Remove and return the waiting request to admit next."""
 
     @abstractmethod
@@ -143,164 +139,3 @@ class Policy(ABC):
         """Live figures for metrics and status (e.g. the effective cutoff p, the fairness
         weight f in effect: absent, 0)."""
         return {}
-
-
-class QueuedPolicy(Policy):
-    """A policy whose waiting requests live in one
-    :class:`~jitserve.scheduling.table.WaitingTable`, whose frame runs inside its
-    overload stage when it has one (:mod:`~jitserve.scheduling.overload`; ``-ac``
-    baselines and GMAX), and which says what it plans to start (:meth:`planned`) and
-    serves demoted requests last (:meth:`demote`) for that stage."""
-
-    def __init__(self) -> None:
-        self.queue = WaitingTable()
-        self.overload: OverloadStage | None = None
-
-    def configure(self, spec: SLOPolicySpec) -> None:
-        self.frame_steps = spec.scheduler.frame_steps
-        if self.overload is not None:
-            self.overload.configure(spec)
-
-    def peek_next(self, now_s: float) -> LiveRequest | None:
-        return self.queue.peek()
-
-    def pop_next(self, now_s: float) -> LiveRequest | None:
-        return self.queue.pop()
-
-    def remove(self, r: LiveRequest) -> None:
-        self.queue.remove(r)
-        if self.overload is not None:
-            self.overload.forget(r)
-        self.forget(r)
-
-    def waiting(self) -> int:
-        return len(self.queue)
-
-    def ahead_of(self, r: LiveRequest) -> int:
-        return self.queue.ahead_of(r)
-
-    def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        if self.overload is not None:
-            self.overload.forget(r)
-        self.forget(r)
-        self.earned(r, goodput_tokens, now_s)
-
-    def frame(self, view: EngineView) -> FramePlan:
-        if self.overload is None:
-            return self.plan(view)
-        return self.overload.frame(self, view)
-
-    # ---- what subclasses decide ---------------------------------------------------------
-    def plan(self, view: EngineView) -> FramePlan:
-        """The policy's own plan for the frame. Default: keep everything as it is."""
-        return FramePlan()
-
-    def planned(self, view: EngineView) -> Collection[LiveRequest]:
-        """The head of the queue that fits the free batch slots and, prompts queued ahead
-        of it served first at the measured prefill rate, still starts in time: overload
-        control keeps them even past the waiting limit."""
-        pf_s = view.prefill_s_per_token
-        decode_s = max(view.decode_step_s, 1e-3)
-        backlog_s = sum(r.prefill_target - r.prefilled for r in view.running) * pf_s
-        out = []
-        for r in self.queue.head(view.max_running - len(view.running)):
-            if view.now_s + backlog_s <= latest_start_s(r, pf_s, decode_s):
-                out.append(r)
-            backlog_s += (r.prefill_target - r.prefilled) * pf_s
-        return out
-
-    def demote(self, r: LiveRequest) -> None:
-        """Overload control gave up on ``r``'s SLO but keeps it (``overloadAction:
-        demote``): serve it as best effort, after everything that still has an SLO."""
-
-    def forget(self, r: LiveRequest) -> None:
-        """``r`` left (the queue or the engine): drop what the policy kept about it."""
-
-    def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
-        """``r`` finished having earned ``goodput_tokens``."""
-
-
-DEMOTED_KEY = 1e15
-"""Added to a demoted request's sort key: best effort runs after everything with an SLO."""
-
-
-class KeyedPolicy(QueuedPolicy):
-    """A policy defined by one sort key (lower = served first): a baseline is its key,
-    given per request (:meth:`key`) and, where it is a function of the waiting table's
-    columns, over the whole queue at once (:meth:`keys`).
-
-    ``rekey_every_frame``: keys that change with time or progress are recomputed at
-    frame boundaries. ``preemptive``: at a frame, running requests whose key is worse
-    than the best waiting one are swapped out (up to ``max_preemptions`` per frame)."""
-
-    rekey_every_frame = False
-    preemptive = False
-    max_preemptions = 8
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._demoted: set[LiveRequest] = set()
-        self._now_s = 0.0
-
-    @abstractmethod
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        """Sort key; lower runs first."""
-
-    def keys(self, features: Features, now_s: float) -> FloatArray | None:
-        """:meth:`key` of every waiting request from its features (None: not a function
-        of them; :meth:`key` is asked per request)."""
-        return None
-
-    def rank(self, r: LiveRequest, now_s: float) -> float:
-        """The key, after everything else once overload control demoted ``r``."""
-        return self.key(r, now_s) + (DEMOTED_KEY if r in self._demoted else 0.0)
-
-    def enqueue(self, r: LiveRequest, now_s: float) -> None:
-        self._now_s = now_s
-        self.queue.push(r, self.rank(r, now_s), now_s)
-
-    def priority_of(self, r: LiveRequest) -> float:
-        return -self.rank(r, self._now_s)
-
-    def demote(self, r: LiveRequest) -> None:
-        self._demoted.add(r)
-        if r in self.queue:
-            self.queue.push(r, self.rank(r, self._now_s))
-
-    def forget(self, r: LiveRequest) -> None:
-        self._demoted.discard(r)
-
-    def _rekey(self, now_s: float) -> None:
-        queue = self.queue
-        keys = self.keys(queue.features(), now_s)
-        if keys is None:
-            queue.set_keys([self.rank(r, now_s) for r in queue.rows])
-            return
-        rows = [queue.row_of(r) for r in self._demoted]
-        demoted = [i for i in rows if i is not None]
-        if demoted:
-            keys = keys.copy()
-            keys[demoted] += DEMOTED_KEY
-        queue.set_keys(keys)
-
-    def plan(self, view: EngineView) -> FramePlan:
-        now = self._now_s = view.now_s
-        if self.rekey_every_frame:
-            self._rekey(now)
-        plan = FramePlan()
-        if not self.preemptive or len(view.running) < view.max_running:
-            return plan
-        best_waiting = self.queue.peek_key()
-        if best_waiting is None:
-            return plan
-        worst_first = sorted(view.running, key=lambda r: self.rank(r, now), reverse=True)
-        keys = (
-            self.queue.floats("key")
-            if self.rekey_every_frame
-            else np.array([self.rank(r, now) for r in self.queue.rows])
-        )
-        waiting_keys = np.sort(keys)[: self.max_preemptions].tolist()
-        for victim, challenger_key in zip(worst_first, waiting_keys, strict=False):
-            if challenger_key < self.rank(victim, now):
-                plan.preempt.append(victim)
-        return plan

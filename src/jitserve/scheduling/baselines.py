@@ -1,7 +1,6 @@
 """Baselines the papers beat, on the same :class:`~jitserve.scheduling.base.Policy`
-interface and the same engine as GMAX. Each is one sort key (lower runs first), per
-request and, where the key is a function of the waiting table's columns, over the whole
-queue as arrays.
+interface and the same engine as GMAX. Each is one sort key (lower runs first), written
+once over arrays (:class:`~jitserve.scheduling.keyed.KeyedPolicy`).
 
 - ``fcfs``: vLLM's default: first come first served, whole-prompt prefill first
   (vLLM v0 batching), no preemption except under KV pressure.
@@ -25,23 +24,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitserve.requests import LiveRequest
-from jitserve.scheduling.base import EngineView, FramePlan, KeyedPolicy
-from jitserve.scheduling.slack import latest_start_s, next_token_due_s, typical_remaining
+from jitserve.scheduling.keyed import KeyedPolicy, KeyInput
 from jitserve.scheduling.table import Features, FloatArray
 
-__all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due_s"]
+__all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due"]
+
+
+def next_token_due(f: Features) -> FloatArray:
+    """When each request's next token is due (latency) or its deadline (others: the
+    program's for a compound call)."""
+    return np.where(f.is_latency, f.due0 + f.generated * f.tbt, f.whole_deadline)
 
 
 class FCFS(KeyedPolicy):
     name = "fcfs"
     chunked_prefill = False
 
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        return r.req.arrival_s
-
-    def keys(self, features: Features, now_s: float) -> FloatArray:
-        return features.arrival
+    def keys(self, batch: KeyInput) -> FloatArray:
+        return batch.features.arrival
 
 
 class Sarathi(FCFS):
@@ -54,15 +54,8 @@ class EDF(KeyedPolicy):
     rekey_every_frame = True
     preemptive = True
 
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        return next_token_due_s(r)
-
-    def keys(self, features: Features, now_s: float) -> FloatArray:
-        return np.where(
-            features.is_latency,
-            features.due0 + features.generated * features.tbt,
-            features.whole_deadline,
-        )
+    def keys(self, batch: KeyInput) -> FloatArray:
+        return next_token_due(batch.features)
 
 
 class LSF(KeyedPolicy):
@@ -74,23 +67,10 @@ class LSF(KeyedPolicy):
     rekey_every_frame = True
     preemptive = True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._prefill_s = 1e-4
-        self._decode_s = 0.03
-
-    def plan(self, view: EngineView) -> FramePlan:
-        self._prefill_s = view.prefill_s_per_token
-        self._decode_s = max(view.decode_step_s, 1e-3)
-        return super().plan(view)
-
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        return latest_start_s(r, self._prefill_s, self._decode_s)
-
-    def keys(self, features: Features, now_s: float) -> FloatArray:
-        f, pf_s = features, self._prefill_s
+    def keys(self, batch: KeyInput) -> FloatArray:
+        f, pf_s = batch.features, batch.speeds.prefill_s
         latency = f.due0 + f.generated * f.tbt - (f.prefill_left + 1) * pf_s
-        other = f.deadline - (f.prefill_left * pf_s + f.typical * self._decode_s)
+        other = f.deadline - (f.prefill_left * pf_s + f.typical * batch.speeds.decode_s)
         return np.where(f.is_latency, latency, other)
 
 
@@ -100,11 +80,8 @@ class SJF(KeyedPolicy):
     name = "sjf"
     rekey_every_frame = True
 
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        return typical_remaining(r)
-
-    def keys(self, features: Features, now_s: float) -> FloatArray:
-        return features.typical
+    def keys(self, batch: KeyInput) -> FloatArray:
+        return batch.features.typical
 
 
 PLAS_QUANTUM_TOKENS = 400
@@ -117,7 +94,11 @@ class PLAS(KeyedPolicy):
     rekey_every_frame = True
     preemptive = True
 
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        attained = r.generated + (r.program.attained_tokens if r.program is not None else 0)
-        arrival = r.program.program.arrival_s if r.program is not None else r.req.arrival_s
-        return (attained // PLAS_QUANTUM_TOKENS) * 1e7 + arrival
+    def keys(self, batch: KeyInput) -> FloatArray:
+        keys = []
+        for r in batch.rows:
+            lp = r.program
+            attained = r.generated + (lp.attained_tokens if lp is not None else 0)
+            arrival = lp.program.arrival_s if lp is not None else r.req.arrival_s
+            keys.append((attained // PLAS_QUANTUM_TOKENS) * 1e7 + arrival)
+        return np.array(keys, dtype=np.float64)

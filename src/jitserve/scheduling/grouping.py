@@ -2,8 +2,8 @@
 ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
 
 - :class:`GroupFilter`: the stage, and the one owner of the cutoff p (fixed, or learned
-  by its :class:`~jitserve.scheduling.cutoff.CutoffTuner`) and of the bar an arrival
-  must clear to join the group between frames;
+  by its :class:`~jitserve.scheduling.cutoff.CutoffTuner`) and of the threshold an
+  arrival must clear to join the group between frames;
 - :func:`choose_by_context`: keep the top ``k * B`` requests with priority >= ``p`` x the
   B-th best (the cutoff), sort them by input length and take the size-B window with the
   largest priority sum (the length window). Either step can be switched off
@@ -22,9 +22,9 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.policy import CutoffMode
-from jitserve.policy_scheduler import SchedulerSettings
+from jitserve.policy import CutoffMode, SLOPolicySpec
 from jitserve.scheduling.cutoff import CutoffTuner
+from jitserve.scheduling.frame import Frame
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -36,6 +36,8 @@ among equals the member with more work goes (more requests then meet their SLO).
 class GroupFilter:
     """Chooses the group at each frame and keeps what an arrival must clear to join it."""
 
+    name = "group"
+
     def __init__(self, seed: int = 0) -> None:
         self._seed = seed
         self.tuner: CutoffTuner | None = None
@@ -46,12 +48,10 @@ class GroupFilter:
         self.candidate_factor = 4
         self.threshold = -math.inf
         """Priority an arrival needs to join the current group (p x the B-th best)."""
-        self.frontier = -math.inf
-        """Under overload, the most valuable member the last frame displaced: an arrival
-        worth no more would be displaced too."""
 
-    def configure(self, s: SchedulerSettings) -> None:
+    def configure(self, spec: SLOPolicySpec) -> None:
         """New settings; what the tuner learned is kept."""
+        s = spec.scheduler
         c = s.cutoff
         if self.tuner is None:
             self.tuner = CutoffTuner(c.candidates, c.value, c.epoch_frames, self._seed)
@@ -72,24 +72,22 @@ class GroupFilter:
         assert self.tuner is not None
         self.tuner.earned(tokens)
 
-    def tick(self, now_s: float) -> None:
-        """A frame began (the tuner counts its epochs in frames)."""
+    def run(self, frame: Frame) -> None:
+        """A frame began (the tuner counts its epochs in frames): choose its group."""
         if self.fixed is None and self.enabled:
             assert self.tuner is not None
-            self.tuner.on_frame(now_s)
-
-    def choose(self, context: FloatArray, priority: FloatArray, batch: int) -> BoolArray:
-        """The group over the live requests (mask), given their ``context`` tokens."""
-        chosen, self.threshold = choose_by_context(
-            context, priority, batch, self.cutoff if self.enabled else None,
-            self.candidate_factor, self.length_window,
+            self.tuner.on_frame(frame.now_s)
+        if frame.live is None:
+            return
+        live = frame.live
+        frame.chosen, self.threshold = choose_by_context(
+            live.prompt + live.generated, frame.priority, frame.view.max_running,
+            self.cutoff if self.enabled else None, self.candidate_factor, self.length_window,
         )  # fmt: skip
-        self.frontier = -math.inf
-        return chosen
 
     def admits(self, priority: float) -> bool:
-        """Would an arrival with ``priority`` have made the current group?"""
-        return priority >= self.threshold and priority > self.frontier
+        """Would an arrival with ``priority`` have made the current group's cut?"""
+        return priority >= self.threshold
 
 
 def choose_by_context(

@@ -21,6 +21,9 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.policy import SLOPolicySpec
+from jitserve.scheduling.frame import Frame
+
 DECREASE = 0.5
 INCREASE = 1.5
 TAU_QUANTILE = 0.1
@@ -29,6 +32,8 @@ outlier does not stop admissions."""
 
 
 class PrefillPacer:
+    name = "pace"
+
     def __init__(self) -> None:
         self.rate = math.inf
         """Prompt tokens per second that may start."""
@@ -37,6 +42,18 @@ class PrefillPacer:
         self._last_s: float | None = None
         self._started_tokens = 0.0
         self._frame_start_s: float | None = None
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        pass
+
+    def run(self, frame: Frame) -> None:
+        """At a frame: adapt the rate to the running requests that can still earn."""
+        if frame.scores is None or frame.speeds is None:
+            return
+        first = frame.first_waiting
+        ok = frame.scores.gain[:first] > 0
+        self.on_frame(frame.now_s, frame.scores.need_s[:first][ok], frame.view.decode_step_s,
+                      frame.speeds.token_s * first)
 
     def on_frame(
         self,

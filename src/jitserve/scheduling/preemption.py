@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from jitserve.policy import PreemptionSettings
+import numpy as np
+
+from jitserve.policy import PreemptionSettings, SLOPolicySpec
 from jitserve.requests import LiveRequest
+from jitserve.scheduling.frame import Frame
 
 
 def choose_victims(
@@ -49,36 +52,37 @@ class Preemptor:
     for a compound call, its whole program's) at risk, which the per-frame gain does not
     see."""
 
-    def __init__(self, settings: PreemptionSettings) -> None:
-        self.settings = settings
+    name = "preempt"
 
-    def victims(
-        self,
-        max_running: int,
-        running: Sequence[LiveRequest],
-        running_priority: Sequence[float],
-        outside_and_lost: Sequence[bool],
-        members: Sequence[LiveRequest],
-        member_priority: Sequence[float],
-        frame_s: float,
-        token_s: float,
-        decode_s: float,
-    ) -> list[LiveRequest]:
-        """Running requests to swap out for waiting group members ``members``.
-        ``outside_and_lost``: per running request, outside the group and hopeless;
-        ``frame_s``: engine time of one frame."""
-        free = max(max_running - len(running), 0)
-        if len(members) <= free:
-            return []
-        priority = dict(zip(members, member_priority, strict=True))
-        priority.update(zip(running, running_priority, strict=True))
-        challengers = sorted(members, key=lambda r: -priority[r])[free:]
-        victims = sorted(
-            (r for r, out in zip(running, outside_and_lost, strict=True) if out),
-            key=lambda r: priority[r],
-        )
-        slots = max(len(running), 1)
-        return choose_victims(
-            challengers, victims, priority, self.settings, frame_s / slots, token_s,
-            slots / decode_s,
-        )  # fmt: skip
+    def __init__(self) -> None:
+        self.settings = PreemptionSettings()
+        self.frame_steps = 50
+
+    def configure(self, spec: SLOPolicySpec) -> None:
+        self.settings = spec.scheduler.preemption
+        self.frame_steps = spec.scheduler.frame_steps
+
+    def run(self, frame: Frame) -> None:
+        """Running requests outside the group and hopeless, swapped out for the waiting
+        members that find no free slot, best first, when the swap pays over one frame."""
+        if frame.live is None or frame.speeds is None:
+            return
+        running, first, queue = frame.running, frame.first_waiting, frame.queue
+        members = np.flatnonzero(frame.chosen[first:])
+        free = max(frame.view.max_running - first, 0)
+        if members.size <= free:
+            return
+        priority = dict(zip(running, frame.priority[:first].tolist(), strict=True))
+        member_rows = [queue.rows[i] for i in members.tolist()]
+        priority.update(zip(member_rows, frame.priority[first:][members].tolist(), strict=True))
+        challengers = sorted(member_rows, key=lambda r: -priority[r])[free:]
+        lost = (~frame.chosen[:first] & frame.hopeless[:first]).tolist()
+        victims = sorted((r for r, out in zip(running, lost, strict=True) if out),
+                         key=lambda r: priority[r])
+        slots = max(first, 1)
+        speeds = frame.speeds
+        frame_s = self.frame_steps * speeds.decode_s
+        frame.plan.preempt.extend(choose_victims(
+            challengers, victims, priority, self.settings, frame_s / slots, speeds.token_s,
+            slots / speeds.decode_s,
+        ))  # fmt: skip

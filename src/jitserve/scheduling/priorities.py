@@ -169,7 +169,7 @@ def score(
 ) -> Scores:
     """Priority and latest start of each of ``rs`` (see the module docstring)."""
     return score_features(
-        features_of(rs, demoted, dict(frames_waited)), now_s, speeds, spec, median_hint
+        features_of(rs, frozenset(demoted), dict(frames_waited)), now_s, speeds, spec, median_hint
     )
 
 

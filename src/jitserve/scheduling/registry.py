@@ -15,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.base import KeyedPolicy, Policy
+from jitserve.scheduling.base import Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF, Sarathi
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.overload import with_overload_control
+from jitserve.scheduling.keyed import KeyedPolicy
+from jitserve.scheduling.overload import OverloadControl
 from jitserve.scheduling.slidingserve import SlidingServe
+from jitserve.scheduling.staged import StagedPolicy
 
-BASELINES: dict[str, Callable[[], KeyedPolicy]] = {
+BASELINES: dict[str, Callable[[SLOPolicySpec, OverloadControl | None], KeyedPolicy]] = {
     "fcfs": FCFS,
     "sarathi": Sarathi,
     "edf": EDF,
@@ -38,16 +40,24 @@ def scheduler_names() -> list[str]:
     return ["gmax", *BASELINES, *(f"{name}{AC_SUFFIX}" for name in BASELINES)]
 
 
+def profiles(spec: SLOPolicySpec) -> dict[str, list[str]]:
+    """Each scheduler's stages, in the order its frames run them, under ``spec``
+    (docs/design.md draws this; a test keeps the drawing true)."""
+    out = {}
+    for name in scheduler_names():
+        policy = make_policy(spec, name=name)
+        assert isinstance(policy, StagedPolicy)
+        out[name] = [stage.name for stage in policy.pipeline.stages]
+    return out
+
+
 def make_policy(spec: SLOPolicySpec, seed: int = 0, name: str | None = None) -> Policy:
     """The scheduler named by ``name`` (default: ``spec.scheduler.policy``)."""
     scheduler = name or spec.scheduler.policy
     if scheduler == "gmax":
-        return with_overload_control(GMAX(spec, seed=seed), spec, follow_spec=True)
-    if scheduler in BASELINES:
-        policy = BASELINES[scheduler]()
-        policy.configure(spec)
-        return policy
+        return GMAX(spec, seed=seed, overload=OverloadControl(follow_spec=True))
     base = scheduler.removesuffix(AC_SUFFIX)
-    if scheduler.endswith(AC_SUFFIX) and base in BASELINES:
-        return with_overload_control(BASELINES[base](), spec)
+    if base in BASELINES:
+        overload = OverloadControl() if scheduler.endswith(AC_SUFFIX) else None
+        return BASELINES[base](spec, overload)
     raise ValueError(f"unknown policy {scheduler!r}; known: {', '.join(scheduler_names())}")

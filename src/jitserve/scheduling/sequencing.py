@@ -8,6 +8,10 @@ positions in each order weighted ``1 - f`` and ``f``. With latest-start sequenci
 members that would start too late leave the group
 (:func:`~jitserve.scheduling.grouping.admit_feasible`). The blend's scale is kept between
 frames so that an arrival gets a key on the same scale.
+
+The stage writes the waiting requests' keys into the table (the group's members by start
+order, everyone else after them by priority) and names the members as what the policy
+plans to start (``frame.keep``).
 """
 
 from __future__ import annotations
@@ -19,24 +23,57 @@ from collections import defaultdict
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.policy import SLOPolicySpec
+from jitserve.scheduling.frame import Frame
 from jitserve.scheduling.grouping import admit_feasible
-from jitserve.scheduling.priorities import Scores, Speeds
+from jitserve.scheduling.priorities import Scores
+from jitserve.scheduling.scoring import FairShare
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+OUTSIDE_GROUP = 1e13
+"""Queue keys: members of the chosen group are keyed by their start order (below
+``OUTSIDE_GROUP / 2``); everyone else by ``OUTSIDE_GROUP - priority``, so after them."""
 
 
 class Sequencer:
-    def __init__(self) -> None:
+    name = "sequence"
+
+    def __init__(self, fair: FairShare) -> None:
+        self.fair = fair
         self.by_latest_start = True
-        self.f = 0.0
+        self.frontier = -math.inf
+        """Under overload, the most valuable member the last frame displaced: an arrival
+        worth no more would be displaced too."""
         self._bases: list[float] = []
         self._tenant_pos: dict[int, float] = {}
 
-    def configure(self, by_latest_start: bool, fair_weight: float) -> None:
-        self.by_latest_start = by_latest_start
-        self.f = fair_weight
+    def configure(self, spec: SLOPolicySpec) -> None:
+        self.by_latest_start = spec.scheduler.mechanisms.latest_start_sequencing
+
+    def run(self, frame: Frame) -> None:
+        if frame.live is None or frame.scores is None or frame.speeds is None:
+            return
+        first, scores, speeds, live = frame.first_waiting, frame.scores, frame.speeds, frame.live
+        chosen, priority = frame.chosen, frame.priority
+        keys = self._blend(first, chosen, self.order(scores, priority), frame.hopeless,
+                           live.tenant)
+        self.frontier = -math.inf
+        if self.by_latest_start:
+            self.frontier = admit_feasible(
+                live.prefill_left, first, priority, keys, scores.latest_start, scores.work_s,
+                scores.due_s, chosen, frame.now_s, speeds.prefill_s, speeds.decode_s,
+                speeds.token_s,
+            )  # fmt: skip
+        queue = frame.queue
+        queue.set_keys(group_key(priority, keys, chosen)[first:])
+        frame.keep.update(queue.rows[i] for i in np.flatnonzero(chosen[first:]).tolist())
+
+    def admits(self, priority: float, latest_start_s: float, now_s: float) -> bool:
+        """Would an arrival with ``priority`` and this latest start join the group now:
+        worth more than what the last frame displaced, and not too late to start?"""
+        return priority > self.frontier and not self.late(latest_start_s, now_s)
 
     def order(self, scores: Scores, priority: FloatArray) -> FloatArray:
         """Each request's own start order value, lower first."""
@@ -46,32 +83,6 @@ class Sequencer:
         """Can an arrival with this latest start no longer start in time?"""
         return self.by_latest_start and latest_start_s < now_s
 
-    def sequence(
-        self,
-        first: int,
-        chosen: BoolArray,
-        scores: Scores,
-        priority: FloatArray,
-        tenant: IntArray,
-        claims: FloatArray,
-        prefill_left: FloatArray,
-        now_s: float,
-        speeds: Speeds,
-    ) -> tuple[FloatArray, float]:
-        """(start keys of the live requests, rows ``first..`` waiting; the most valuable
-        member displaced as infeasible, -inf if none). Drops from ``chosen`` the
-        members that cannot start in time. ``claims``: per tenant code."""
-        hopeless = scores.gain <= 0
-        base = self.order(scores, priority)
-        keys = self._blend(first, chosen, base, hopeless, tenant, claims)
-        frontier = -math.inf
-        if self.by_latest_start:
-            frontier = admit_feasible(
-                prefill_left, first, priority, keys, scores.latest_start, scores.work_s,
-                scores.due_s, chosen, now_s, speeds.prefill_s, speeds.decode_s, speeds.token_s,
-            )  # fmt: skip
-        return keys, frontier
-
     def _blend(
         self,
         first: int,
@@ -79,10 +90,10 @@ class Sequencer:
         base: FloatArray,
         hopeless: BoolArray,
         tenant: IntArray,
-        claims: FloatArray,
     ) -> FloatArray:
-        if self.f <= 0:
+        if self.fair.f <= 0:
             return base
+        claims = self.fair.claims
         members = np.flatnonzero(chosen[first:]) + first
         self._bases = sorted(base[members].tolist())
         counts: dict[int, int] = defaultdict(int)
@@ -102,8 +113,14 @@ class Sequencer:
     def key_of(self, tenant: int, base: float, hopeless: bool = False) -> float:
         """The key of a request whose own start order value is ``base``; one that can earn
         nothing has no claim on its tenant's share and goes after the tenants' turns."""
-        if self.f <= 0:
+        f = self.fair.f
+        if f <= 0:
             return base
         pos = bisect.bisect_left(self._bases, base) / max(len(self._bases), 1)
         tenant_pos = 1.0 if hopeless else self._tenant_pos.get(tenant, 0.0)
-        return (1 - self.f) * pos + self.f * tenant_pos + 1e-9 * pos
+        return (1 - f) * pos + f * tenant_pos + 1e-9 * pos
+
+
+def group_key(priority: FloatArray, start_key: FloatArray, chosen: BoolArray) -> FloatArray:
+    """Queue keys: a member by its start order, everyone else after all members."""
+    return np.where(chosen, np.minimum(start_key, OUTSIDE_GROUP / 2), OUTSIDE_GROUP - priority)

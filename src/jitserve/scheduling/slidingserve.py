@@ -19,11 +19,11 @@ policies.
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
-from jitserve.requests import LiveRequest
-from jitserve.scheduling.base import EngineView, FramePlan, KeyedPolicy
-from jitserve.scheduling.slack import next_token_due_s
+from jitserve.scheduling.baselines import next_token_due
+from jitserve.scheduling.keyed import KeyedPolicy, KeyInput
+from jitserve.scheduling.table import FloatArray
 
 SAFEGUARD_URGENCY = 0.5
 URGENCY_LEVELS = 10
@@ -35,21 +35,14 @@ class SlidingServe(KeyedPolicy):
     name = "slidingserve"
     rekey_every_frame = True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._prefill_s = 1e-4
-
-    def frame(self, view: EngineView) -> FramePlan:
-        self._prefill_s = view.prefill_s_per_token
-        return super().frame(view)
-
-    def key(self, r: LiveRequest, now_s: float) -> float:
-        remaining = max(0, r.prefill_target - r.prefilled)
-        slack = next_token_due_s(r) - now_s
-        need = remaining * self._prefill_s
-        if slack <= 0 or need > slack:
-            return 2 * _LEVEL + remaining
-        urgency = need / slack
-        level = 0 if urgency >= SAFEGUARD_URGENCY else 1
-        bucket = URGENCY_LEVELS - min(URGENCY_LEVELS, math.floor(urgency * URGENCY_LEVELS))
-        return level * _LEVEL + bucket * _BUCKET + remaining
+    def keys(self, batch: KeyInput) -> FloatArray:
+        remaining = np.maximum(batch.features.prefill_left, 0.0)
+        slack = next_token_due(batch.features) - batch.now_s
+        need = remaining * batch.speeds.prefill_s
+        late = (slack <= 0) | (need > slack)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            urgency = np.where(late, 0.0, need / np.where(late, 1.0, slack))
+        level = np.where(urgency >= SAFEGUARD_URGENCY, 0.0, 1.0)
+        bucket = URGENCY_LEVELS - np.minimum(URGENCY_LEVELS, np.floor(urgency * URGENCY_LEVELS))
+        on_time = level * _LEVEL + bucket * _BUCKET + remaining
+        return np.where(late, 2 * _LEVEL + remaining, on_time)

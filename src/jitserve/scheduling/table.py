@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,11 @@ class Features:
         return Features(
             *(np.concatenate([getattr(p, name) for p in parts]) for name in Features.__slots__)
         )
+
+
+def one_row(features: Features, row: int) -> Features:
+    """The features of one row (copies)."""
+    return Features(*(getattr(features, name)[row : row + 1].copy() for name in Features.__slots__))
 
 
 class TenantCodes:
@@ -123,7 +129,7 @@ def feature_row(
 
 def features_of(
     rs: Sequence[LiveRequest],
-    demoted: Iterable[LiveRequest] = (),
+    demoted: AbstractSet[LiveRequest] = frozenset(),
     waited: dict[LiveRequest, int] | None = None,
     tenants: TenantCodes | None = None,
 ) -> Features:
@@ -134,9 +140,8 @@ def features_of(
     floats = np.array([row[0] for row in rows], dtype=np.float64).reshape(n, 11)
     flags = np.array([row[1] for row in rows], dtype=bool).reshape(n, 4)
     ints = np.array([row[2] for row in rows], dtype=np.int64).reshape(n, 3)
-    down = set(demoted)
-    if down:
-        flags[:, 3] = [r in down for r in rs]
+    if demoted:
+        flags[:, 3] = [r in demoted for r in rs]
     if waited:
         ints[:, 2] = [waited.get(r, 0) for r in rs]
     return Features(*floats.T.copy(), *flags.T.copy(), *ints.T.copy())

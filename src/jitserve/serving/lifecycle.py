@@ -148,11 +148,11 @@ class Lifecycle:
 
     # ---- running ------------------------------------------------------------------------
     def peek_next(self, now_s: float) -> LiveRequest | None:
-        return self.policy.peek_next(now_s)
+        return self.policy.peek_next(now_s, len(self.running))
 
     def start_next(self, now_s: float) -> LiveRequest | None:
         """The policy's next waiting request starts running (or None: nothing waits)."""
-        r = self.policy.pop_next(now_s)
+        r = self.policy.pop_next(now_s, len(self.running))
         if r is None:
             return None
         assert r.phase is Phase.WAITING, f"{r.req.request_id} started while {r.phase.value}"

@@ -16,9 +16,8 @@ from dataclasses import replace
 
 from jitserve.placement.base import Ask, ReplicaReport, program_key
 from jitserve.requests import Program, Request, Workitem
-from jitserve.scheduling.base import QueuedPolicy
 from jitserve.scheduling.estimators import LengthEstimator
-from jitserve.scheduling.gmax import GMAX
+from jitserve.scheduling.staged import StagedPolicy
 from jitserve.sim.engine import Engine
 from jitserve.slo import SLOKind
 
@@ -47,7 +46,7 @@ class EngineReporter:
             if r.program is not None:
                 programs.add(program_key(r.req.tenant, r.program.program.program_id))
         by_kind: dict[SLOKind, int] = {}
-        if isinstance(policy, QueuedPolicy) and len(policy.queue):
+        if isinstance(policy, StagedPolicy) and len(policy.queue):
             q = policy.queue
             left = q.floats("prefill_left")
             prefill += float(left.sum())
@@ -73,21 +72,12 @@ class EngineReporter:
             replica=self.name, ready=True, at_s=at_s, max_running=e.profile.max_running,
             running=e.running, waiting=policy.waiting(),
             waiting_by_kind={k: v for k, v in by_kind.items() if v},
-            admit_priority=admit_priority(e), decode_s=speed.decode_step_s,
+            admit_priority=policy.admit_priority(), decode_s=speed.decode_step_s,
             prefill_s=speed.prefill_s_per_token, tokens_per_s=self._tokens_per_s,
             kv_usage=min(e.kv_used_tokens() / e.profile.kv_capacity_tokens, 1.0),
             outstanding_tokens=int(outstanding + prefill), programs=frozenset(programs),
             token_s=speed.token_s, prefill_tokens=int(prefill),
         )  # fmt: skip
-
-
-def admit_priority(engine: Engine) -> float:
-    """GMAX's bar for an arrival to join the group now (0 while no bar binds)."""
-    policy = engine.policy
-    if not isinstance(policy, GMAX):
-        return 0.0
-    bar = max(policy.group.threshold, policy.group.frontier)
-    return bar if math.isfinite(bar) and bar > 0 else 0.0
 
 
 def ask_of(item: Workitem, estimator: LengthEstimator) -> Ask:
