@@ -22,8 +22,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.policy import CutoffMode
-from jitserve.policy_scheduler import SchedulerSettings
+from jitserve.policy import CutoffMode, SchedulerSettings
 from jitserve.scheduling.cutoff import CutoffTuner
 
 FloatArray = npt.NDArray[np.float64]

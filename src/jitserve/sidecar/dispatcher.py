@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from jitserve.policy import SLOPolicySpec
-from jitserve.policy_batch import default_engine_queue
+from jitserve.policy import SLOPolicySpec, default_engine_queue
 from jitserve.requests import LiveRequest, LLMCall, Request
 from jitserve.scheduling.base import Policy, RetireReason
 from jitserve.scheduling.estimators import QuantileEstimator
