@@ -20,8 +20,7 @@ from pathlib import Path
 
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.runner import Cell, cell_profile, run_cells
-from jitserve.policy import SLOPolicySpec
-from jitserve.policy_scheduler import BudgetRule
+from jitserve.policy import BudgetRule, SLOPolicySpec
 from jitserve.sim.latency import DEFAULT_PROFILE
 from jitserve.sim.workload import WorkloadSpec, parse_mix
 

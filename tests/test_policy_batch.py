@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from jitserve.policy import load_policy
-from jitserve.policy_batch import (
+from jitserve.policy import (
     GPU_MAX_NUM_SEQS,
     ArgsError,
     batch_shape,
     default_engine_queue,
     flag_value,
+    load_policy,
     parallel_args,
 )
 

@@ -178,7 +178,7 @@ def _flag(args: list[str], flag: str) -> str:
 
 
 def test_sidecar_max_running_is_vllms_max_num_seqs_default_and_user_set() -> None:
-    """One function (policy_batch.batch_shape) gives both containers B: 256 by default (vLLM
+    """One function (jitserve.policy.batch_shape) gives both containers B: 256 by default (vLLM
     picks more on large GPUs, so it is always passed), the user's --max-num-seqs if set."""
     for s, b_slots in ((spec(), "256"), (spec(model={"args": ["--max-num-seqs=48"]}), "48")):
         vllm, sidecar = template(s)["spec"]["containers"]

@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_crds_dir_matches_the_model() -> None:
-    """Fails when policy.py changed and `jitserve crd --out crds/` was not re-run."""
+    """Fails when jitserve.policy changed and `jitserve crd --out crds/` was not re-run."""
     checked_in = (ROOT / "crds" / CRD_FILENAME).read_text()
-    assert checked_in == crd_yaml(), "crds/ drifted from policy.py: run `jitserve crd --out crds/`"
+    assert checked_in == crd_yaml(), (
+        "crds/ drifted from jitserve.policy: run `jitserve crd --out crds/`"
+    )
 
 
 def test_no_cel_variant_matches_the_model_less_its_cel_rules() -> None:

@@ -8,8 +8,7 @@ import pytest
 
 from jitserve.bench.variants import make_setup
 from jitserve.goodput import GoodputLedger
-from jitserve.policy import SLOPolicySpec
-from jitserve.policy_scheduler import BudgetRule
+from jitserve.policy import BudgetRule, SLOPolicySpec
 from jitserve.sim.engine import Engine
 from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import load_profile

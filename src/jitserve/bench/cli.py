@@ -27,8 +27,7 @@ from jitserve.bench.runner import (
     run_cells,
 )
 from jitserve.errors import CLIError
-from jitserve.policy import PolicyError, SLOPolicySpec, load_policy_file
-from jitserve.policy_scheduler import BudgetRule
+from jitserve.policy import BudgetRule, PolicyError, SLOPolicySpec, load_policy_file
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
 from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, parse_mix, parse_tenant_mix
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from jitserve.devstack import vllm as vl
 from jitserve.errors import CLIError
 from jitserve.gateway.cli import gateway_command
-from jitserve.policy_batch import BatchShape
+from jitserve.policy import BatchShape
 from jitserve.sidecar.cli import serve_command
 
 ADMIN_OFFSET = 1000

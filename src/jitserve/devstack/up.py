@@ -40,8 +40,15 @@ from jitserve.devstack.fleet import (
 )
 from jitserve.devstack.preflight import UP_DISK_NEEDED, check_disk, check_ports, planned_ports
 from jitserve.errors import CLIError
-from jitserve.policy import PolicyError, SLOPolicySpec, dump_policy_yaml, load_policy_file
-from jitserve.policy_batch import MAX_NUM_SEQS, ArgsError, BatchShape
+from jitserve.policy import (
+    MAX_NUM_SEQS,
+    ArgsError,
+    BatchShape,
+    PolicyError,
+    SLOPolicySpec,
+    dump_policy_yaml,
+    load_policy_file,
+)
 from jitserve.sidecar.cli import serve_command
 
 UP_MAX_NUM_SEQS = 16  # the tiny CPU model's batch; a GPU backend wants its own B

@@ -32,8 +32,7 @@ from jitserve.operator.naming import (
 )
 from jitserve.operator.pods import CONTAINER_SECURITY, OperatorSettings, pod_hardening, resources
 from jitserve.operator.routing import build_ingress, build_network_policy, build_service
-from jitserve.policy import SLOPolicySpec, dump_policy_yaml
-from jitserve.policy_scheduler import BudgetRule
+from jitserve.policy import BudgetRule, SLOPolicySpec, dump_policy_yaml
 from jitserve.scheduling.budget import RULE_ENV, engine_scheduler_flags
 
 # the children's identity, routing and shared pod settings live in naming, routing and

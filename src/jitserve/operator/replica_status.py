@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from jitserve.operator.naming import JSON
-from jitserve.policy import GatewayStatus, ReplicaStatus
-from jitserve.policy_status import MAX_REPLICA_STATUS
+from jitserve.policy import MAX_REPLICA_STATUS, GatewayStatus, ReplicaStatus
 
 
 def _waiting_reason(pod: JSON) -> str | None:

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from jitserve.policy_scheduler import BudgetRule
+from jitserve.policy import BudgetRule
 
 DUE_ARG = "jitserve_due_s"
 """vLLM ``vllm_xargs`` key: wall-clock time (epoch s) the dispatch's first token is due."""

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from jitserve.policy import SLOPolicySpec
-from jitserve.policy_batch import default_engine_queue
+from jitserve.policy import SLOPolicySpec, default_engine_queue
 from jitserve.requests import LiveRequest, LLMCall, Request
 from jitserve.scheduling.base import Policy, RetireReason
 from jitserve.scheduling.estimators import QuantileEstimator
@@ -48,7 +47,6 @@ from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.pacing import FrameLoop, FramePacer
 from jitserve.sidecar.programs import ProgramBook
-from jitserve.sidecar.replica import TokenRate
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.sidecar.streams import ForwardTask, StreamRunner
 from jitserve.slo import CompoundSLO
@@ -108,7 +106,6 @@ class Dispatcher:
                                    max_running)
         self.pacer = FramePacer(self.speed, min_frame_s, max_frame_s)
         self.frames = FrameLoop(self.frame_s, self.step, clock, min_frame_s * 5)
-        self.token_rate = TokenRate()
         self.jobs: dict[LiveRequest, Job] = {}
         self.report = Reporter(metrics)
         self.streams = StreamRunner(self)
@@ -254,8 +251,6 @@ class Dispatcher:
         self.update_gauges()
 
     def _dispatch(self, job: Job, now: float) -> None:
-        if job.segment == 0:  # first dispatch: the request's time in the queue
-            self.metrics.queued(job.live.req, now)
         job.segment += 1
         job.segment_tokens = 0
         job.dispatched_s = now
@@ -268,7 +263,7 @@ class Dispatcher:
         sampling["vllm_xargs"] = {**(sampling.get("vllm_xargs") or {}),
                                   **engine_xargs(job.live, done, now, time.time())}
         job.vllm_priority = next(self._dispatch_seq)
-        self.report.dispatched(job.request_id, job.segment, done, now, job.vllm_priority)
+        self.report.dispatched(job, now)
         if job.forward is not None:
             job.dispatch = ForwardTask(asyncio.create_task(
                 self.streams.forward(job, job.segment),
@@ -289,17 +284,9 @@ class Dispatcher:
                 if not job.queued_in_engine:  # dispatch -> first token measures prefill
                     self.speed.prefill_iteration(now - job.dispatched_s, live.prefill_target, 0)
                 job.mark_s, job.mark_tokens = now, live.generated + n
-            kind = live.req.kind.value
-            if live.first_token_s is None:
-                self.metrics.kind_child("ttft", kind).observe(now - live.req.arrival_s)
-                assert live.started_s is not None
-                self.report.first_token(live.started_s - live.req.arrival_s,
-                                        now - job.dispatched_s, job.queued_in_engine)
-            elif job.last_token_s is not None:
-                self.metrics.kind_child("tbt", kind).observe(now - job.last_token_s)
+            self.report.tokens(job, n, now)
             job.last_token_s = now
             job.segment_tokens += n
-            self.token_rate.add(n)
             self.lifecycle.delivered(live, now if n == 1 else np.full(n, now), live.generated)
             job.generated_ids.extend(ids)
         # a forwarded chunk counts as one waiting item however many tokens it holds
@@ -313,8 +300,8 @@ class Dispatcher:
             self.programs.call_done(live.program, live.req.prompt_tokens, live.generated)
         self.bounds.observe(live.req, live.generated)
         outcome = self.lifecycle.finish(live, now)
-        self.report.dispatch_gap.freed(now, len(self.lifecycle.running) - self.max_running,
-                                self.policy.waiting())
+        self.report.slot_freed(now, len(self.lifecycle.running) - self.max_running,
+                               self.policy.waiting())
         self._close(job, "finished" if outcome is None else label(outcome))
         if outcome is not None:
             self.report.outcome(outcome, label(outcome))
@@ -388,7 +375,7 @@ class Dispatcher:
 
     # ---- frames -------------------------------------------------------------------------
     def _frame(self, now: float) -> None:
-        self.metrics.door_margin.set(self.lifecycle.door.margin_s())
+        self.report.door_margin(self.lifecycle.door.margin_s())
         self.pacer.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
                            self.max_running)
         result = self.lifecycle.frame(now, self.max_running)
@@ -407,6 +394,6 @@ class Dispatcher:
         self._admit(now)
 
     def _on_health(self, ready: bool) -> None:
-        self.metrics.backend_up.set(1 if ready else 0)
+        self.report.backend(ready)
         if ready:
             self.frames.wake()

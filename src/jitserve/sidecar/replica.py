@@ -214,7 +214,7 @@ class ReplicaReporter:
         waiting = policy.waiting() + (in_engine - running)
         return ReplicaReport(
             replica=self.name(),
-            ready=self.ready() and self.engine.answering(d.token_rate.last_s),
+            ready=self.ready() and self.engine.answering(d.report.token_rate.last_s),
             at_s=time.time(),
             max_running=b,
             running=running,
@@ -223,7 +223,7 @@ class ReplicaReporter:
             admit_priority=0.0 if running < b and waiting == 0 else policy.admit_priority(),
             decode_s=d.speed.decode_step_s,
             prefill_s=d.speed.prefill_s_per_token,
-            tokens_per_s=d.token_rate.per_s(),
+            tokens_per_s=d.report.token_rate.per_s(),
             kv_usage=self.engine.kv_usage,
             outstanding_tokens=prefill + output,
             programs=frozenset(program_key(tenant, pid) for tenant, pid in d.programs.programs),

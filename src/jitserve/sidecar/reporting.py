@@ -1,8 +1,11 @@
 """What the sidecar reports about its scheduling (owner: sidecar).
 
-Outcomes and frames as Prometheus metrics, the debug logs behind ``/debug/scheduler``
-(recent dispatches and frames), the dispatch gap, and the error a client gets when
-overload control retires its request. The dispatcher decides; this module only tells.
+Dispatches, tokens, outcomes and frames as Prometheus metrics, the debug logs behind
+``/debug/scheduler`` (recent dispatches and frames), the dispatch gap, the output token
+rate the replica report carries, and the error a client gets when overload control
+retires its request. The dispatcher decides and calls its :class:`Reporter` at each event
+(a dispatch, tokens, a freed slot, an ending, a frame, a health change); this module only
+tells.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sidecar.errors import TTL_EXPIRED, APIError, queue_full
 from jitserve.sidecar.health import BackendHealth
+from jitserve.sidecar.jobs import Job
 from jitserve.sidecar.metrics import SidecarMetrics
+from jitserve.sidecar.replica import TokenRate
 
 
 def label(outcome: Outcome) -> str:
@@ -58,8 +63,11 @@ def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: fl
 
 
 class Reporter:
+    """The dispatcher's metrics, logs and figures, updated at its events."""
+
     def __init__(self, metrics: SidecarMetrics) -> None:
         self.metrics = metrics
+        self.token_rate = TokenRate()
         self.dispatch_log: deque[dict[str, Any]] = deque(maxlen=2000)
         self.frame_log: deque[dict[str, Any]] = deque(maxlen=200)
         self.dispatch_gap = DispatchGap()
@@ -89,6 +97,20 @@ class Reporter:
         """It ended unserved: ``cancelled`` (its client left) or ``ttl_expired``."""
         self.metrics.requests.labels(req.tenant, req.kind.value, req.slo_class, status).inc()
 
+    def tokens(self, job: Job, n: int, now: float) -> None:
+        """``n`` tokens of ``job`` came at ``now``; called before they are delivered (the
+        request's first token, or the one before, is still the last delivered)."""
+        live = job.live
+        kind = live.req.kind.value
+        if live.first_token_s is None:
+            self.metrics.kind_child("ttft", kind).observe(now - live.req.arrival_s)
+            assert live.started_s is not None
+            self.first_token(live.started_s - live.req.arrival_s, now - job.dispatched_s,
+                             job.queued_in_engine)
+        elif job.last_token_s is not None:
+            self.metrics.kind_child("tbt", kind).observe(now - job.last_token_s)
+        self.token_rate.add(n)
+
     def first_token(self, queue_s: float, engine_s: float, queued_in_engine: bool) -> None:
         """A request's first token: its TTFT in two parts, the sidecar's and vLLM's."""
         self.metrics.engine_first_token.labels("yes" if queued_in_engine else "no").observe(
@@ -111,12 +133,25 @@ class Reporter:
         if gone.outcome is not None:
             self.outcome(gone.outcome, "retired")
 
-    def dispatched(self, request_id: str, segment: int, generated: int, now: float,
-                   vllm_priority: int) -> None:
+    def dispatched(self, job: Job, now: float) -> None:
+        """``job`` went to vLLM at ``now`` (segment 1: its first dispatch, which ends the
+        request's time in the queue)."""
+        if job.segment == 1:
+            self.metrics.queued(job.live.req, now)
         self.dispatch_gap.dispatched(now)
-        self.dispatch_log.append({"request_id": request_id, "segment": segment,
-                                  "generated": generated, "t": now,
-                                  "vllm_priority": vllm_priority})
+        self.dispatch_log.append({"request_id": job.request_id, "segment": job.segment,
+                                  "generated": len(job.generated_ids), "t": now,
+                                  "vllm_priority": job.vllm_priority})
+
+    def slot_freed(self, now: float, queued_in_engine: int, waiting: int) -> None:
+        """A request left vLLM's batch: how long its slot waits is the dispatch gap."""
+        self.dispatch_gap.freed(now, queued_in_engine, waiting)
+
+    def door_margin(self, margin_s: float) -> None:
+        self.metrics.door_margin.set(margin_s)
+
+    def backend(self, ready: bool) -> None:
+        self.metrics.backend_up.set(1 if ready else 0)
 
     def frame(self, now: float, result: FrameResult, policy: Policy,
               live: Iterable[LiveRequest], running: int) -> None:

@@ -102,11 +102,11 @@ def run_placed(
             advance_in_step(engines, until_s)
             return
         for engine in engines:
-            _advance_until(engine, until_s)
+            engine.advance_until(until_s)
 
     for item in workload:
         if placement is None:
-            _advance_until(engines[0], item.arrival_s)
+            engines[0].advance_until(item.arrival_s)
             engines[0].submit(item)
             stats.placed[0] += 1
             continue
@@ -136,8 +136,3 @@ def run_placed(
         stats.placed = [p + s for p, s in zip(stats.placed, binder.started_on, strict=True)]
         stats.withdrawn = binder.withdrawn
     return stats
-
-
-def _advance_until(engine: Engine, until_s: float) -> None:
-    while engine.now < until_s and engine.advance(until_s=until_s):
-        pass

@@ -213,11 +213,19 @@ class Engine:
             self._frame()
         return True
 
-    def run(self, workload: Iterable[Workitem]) -> GoodputLedger:
-        """Replay ``workload`` on this replica alone and return the ledger."""
-        from jitserve.sim.cluster import run_cluster
+    def advance_until(self, until_s: float) -> None:
+        """Advance to ``until_s``, or until the engine is idle if that comes first."""
+        while self.now < until_s and self.advance(until_s=until_s):
+            pass
 
-        return run_cluster([self], workload)
+    def run(self, workload: Iterable[Workitem]) -> GoodputLedger:
+        """Replay ``workload`` on this replica alone and return the ledger (several
+        replicas behind a placer: :func:`jitserve.sim.cluster.run_cluster`)."""
+        for item in workload:
+            self.advance_until(item.arrival_s)
+            self.submit(item)
+        self.advance_until(math.inf)
+        return self.ledger
 
     def _prefill_iteration(self) -> None:
         profile = self.profile

@@ -8,15 +8,15 @@ from enum import StrEnum
 
 from pydantic import ConfigDict, Field
 
-from jitserve.policy_base import SpecModel as _Model
-from jitserve.policy_batch import (
+from jitserve.policy.base import SpecModel as _Model
+from jitserve.policy.batch import (
     GPU_MAX_NUM_SEQS,
     ArgsError,
     BatchShape,
     batch_shape,
     parallel_args,
 )
-from jitserve.policy_pod import EnvVar, ModelCache, Quantity, VolumeMount
+from jitserve.policy.pod import EnvVar, ModelCache, Quantity, VolumeMount
 
 # The vLLM release the tests run (scripts/setup-vllm.sh builds its CPU variant).
 VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"

@@ -1,4 +1,4 @@
-"""The ``SLOPolicy`` settings model: one source of truth.
+"""The ``SLOPolicy`` settings model (``SLOPolicySpec``), its loaders: one source of truth.
 
 The same pydantic model validates the ``SLOPolicy`` custom resource (its OpenAPI schema
 in ``crds/`` is generated from it), the sidecar's config file (the ConfigMap the
@@ -12,9 +12,11 @@ tenant weights), ``admission`` (waiting time, queue cap, overload action), ``lim
 (what one client may ask for: SLO values, program stages and lifetime, live programs),
 and the serving sections the operator reads (``model``, ``pod``, ``replicas``,
 ``ingress``, ``reporting``). Every field carries a description: the CRD's ``kubectl
-explain`` text is generated from them. The pod-level knobs (env from Secrets,
-scheduling, volumes, model cache) are in :mod:`jitserve.policy_pod`, the SLO defaults and
-classes in :mod:`jitserve.policy_slo`.
+explain`` text is generated from them. This module holds the top-level sections
+(fairness, admission, limits) and assembles the rest from their modules: the pod-level
+knobs (env from Secrets, scheduling, volumes, model cache) are in
+:mod:`jitserve.policy.pod`, the SLO defaults and classes in :mod:`jitserve.policy.slo`.
+Importers outside the package use its face, :mod:`jitserve.policy`.
 """
 
 from __future__ import annotations
@@ -26,52 +28,12 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from jitserve.policy_base import DNSLabel, Seconds, cel
-from jitserve.policy_base import SpecModel as _Model
-from jitserve.policy_pod import PodSettings, pod_problems, pod_webhook_problems
-from jitserve.policy_scheduler import (
-    CutoffMode,
-    CutoffSettings,
-    MechanismSettings,
-    Objective,
-    PreemptionSettings,
-    SchedulerSettings,
-)
-from jitserve.policy_serving import (
-    IngressSpec,
-    ModelSpec,
-    PullPolicy,
-    ReportingSettings,
-    SidecarSpec,
-)
-from jitserve.policy_slo import LatencyDefaults, SLOClass, SLODefaults
-from jitserve.policy_status import (
-    Attainment,
-    Condition,
-    ConditionType,
-    GatewayStatus,
-    ReplicaStatus,
-    SLOPolicyStatus,
-)
-
-# the sections live in policy_* modules; this module is the model's one public face
-__all__ = [
-    "Attainment",
-    "Condition",
-    "ConditionType",
-    "CutoffMode",
-    "CutoffSettings",
-    "GatewayStatus",
-    "LatencyDefaults",
-    "MechanismSettings",
-    "Objective",
-    "PreemptionSettings",
-    "PullPolicy",
-    "ReplicaStatus",
-    "SLOClass",
-    "SLODefaults",
-    "SLOPolicyStatus",
-]
+from jitserve.policy.base import DNSLabel, Seconds, cel
+from jitserve.policy.base import SpecModel as _Model
+from jitserve.policy.pod import PodSettings, pod_problems, pod_webhook_problems
+from jitserve.policy.scheduler import Objective, SchedulerSettings
+from jitserve.policy.serving import IngressSpec, ModelSpec, ReportingSettings, SidecarSpec
+from jitserve.policy.slo import SLODefaults
 
 
 class TenantSpec(_Model):

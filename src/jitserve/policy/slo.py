@@ -5,7 +5,7 @@ face): the per-kind defaults of requests that carry no SLO (latency TTFT/TBT, de
 compound seconds per stage, the best-effort deadline), and the named SLO classes requests
 and tenants ask for by name; :meth:`SLODefaults.slo_for` and :meth:`SLODefaults.class_slo`
 turn them into :mod:`jitserve.slo` values. Cross-field rules are CEL
-``x-kubernetes-validations`` (:func:`~jitserve.policy_base.cel`) with the same rule in
+``x-kubernetes-validations`` (:func:`~jitserve.policy.base.cel`) with the same rule in
 Python next to each.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from jitserve.policy_base import DNSLabel, Seconds, cel
-from jitserve.policy_base import SpecModel as _Model
+from jitserve.policy.base import DNSLabel, Seconds, cel
+from jitserve.policy.base import SpecModel as _Model
 from jitserve.slo import SLO, CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 
 

@@ -8,8 +8,8 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from jitserve.policy_base import Fraction
-from jitserve.policy_base import SpecModel as _Model
+from jitserve.policy.base import Fraction
+from jitserve.policy.base import SpecModel as _Model
 
 MAX_REPLICA_STATUS = 2000
 """Pods listed in ``status.replicaStatus`` (``spec.replicas`` is at most 1000; a rollout

@@ -6,7 +6,7 @@ policy in plain text), scheduling (nodeSelector, tolerations, affinity, runtime 
 priority class), image pull Secrets, extra volumes and mounts, and a persistent model cache
 instead of an ``emptyDir``. Wire names are camelCase and follow the Kubernetes Pod API, so
 an SRE can paste from a Pod spec. Cross-field rules are CEL ``x-kubernetes-validations``
-on the models (:func:`~jitserve.policy_base.cel`) and, the same rules in Python,
+on the models (:func:`~jitserve.policy.base.cel`) and, the same rules in Python,
 :func:`pod_problems`; what CEL cannot see (the volume source of an open-ended volume) is
 :func:`pod_webhook_problems`.
 """
@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from jitserve.policy_base import SpecModel as _Model
-from jitserve.policy_base import cel
+from jitserve.policy.base import SpecModel as _Model
+from jitserve.policy.base import cel
 
 DNSSubdomain = Annotated[
     str,

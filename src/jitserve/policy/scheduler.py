@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from jitserve.policy_base import SpecModel as _Model
+from jitserve.policy.base import SpecModel as _Model
 
 
 class Objective(StrEnum):
