@@ -34,6 +34,7 @@ pytestmark = body_timeout(300)
 
 PROMPT = [5, 17, 99, 400, 23, 8, 77]
 STALL_S = 5.0
+FREEZE_TRIES = 8
 
 
 def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -195,8 +196,9 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
 
     # The freeze must catch both streams mid-run. The sidecar's count can trail what vLLM
     # already sent by a whole stream on a busy machine (seen: 4000 tokens in one burst
-    # 0.18 s after SIGSTOP): a freeze that missed is undone and done again.
-    for _ in range(3):
+    # 0.18 s after SIGSTOP; three misses in a row seen once with the load at 5 on two
+    # cores): a freeze that missed is undone and done again.
+    for _ in range(FREEZE_TRIES):
         results, frozen_at, refused = asyncio.run(scenario())
         assert all(r.status == 200 for r in results), [(r.status, r.error) for r in results]
         if all(len(r.token_ids) < LONG for r in results):
@@ -205,7 +207,7 @@ def test_frozen_vllm_fails_running_streams_within_the_stall_timeout(
         wait_until("ready after SIGCONT", lambda: get_json(s.url + "/ready")[0] == 200, 120)
         wait_backend_idle(engine.url)
     else:
-        pytest.fail("in 3 freezes vLLM had always sent a stream whole before it")
+        pytest.fail(f"in {FREEZE_TRIES} freezes vLLM had always sent a stream whole before it")
     print("stall: error events", [round(r.end_s - frozen_at, 2) for r in results],
           f"s after SIGSTOP (stall timeout {STALL_S} s)")
     for r in results:
