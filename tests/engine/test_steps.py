@@ -10,7 +10,7 @@ from typing import Any
 
 from jitserve.engine.steps import BudgetSteps
 from jitserve.scheduling.budget import DUE_ARG, TBT_ARG, BudgetRule
-from jitserve.scheduling.step_model import OnlineStepModel
+from jitserve.scheduling.estimators.step_model import OnlineStepModel
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jitserve.scheduling.constructor import Candidate, construct
+from jitserve.scheduling.budget.constructor import Candidate, construct
 
 
 def linear(p: int) -> float:

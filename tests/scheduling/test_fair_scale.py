@@ -13,7 +13,7 @@ import pytest
 from jitserve.policy import load_policy
 from jitserve.scheduling.base import EngineView
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.scoring import FAIR_TIE
+from jitserve.scheduling.gmax.scoring import FAIR_TIE
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
 
@@ -44,7 +44,7 @@ def test_a_tenant_at_its_entitlement_weighs_one_median_priority() -> None:
 
 CLAIMS_UNDER_A_HASH_SEED = """
 from jitserve.policy import load_policy
-from jitserve.scheduling.priorities import fair_claims
+from jitserve.scheduling.gmax.priorities import fair_claims
 tenants = [f"tenant-{i}" for i in range(8)]
 # one tenant's service dwarfs the others': where it falls in the float sum changes the
 # total by rounding

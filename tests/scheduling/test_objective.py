@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jitserve.policy import load_policy
-from jitserve.scheduling.priorities import Speeds, score
+from jitserve.scheduling.gmax.priorities import score
+from jitserve.scheduling.scores import Speeds
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Request
+from jitserve.scheduling.baselines.slidingserve import SlidingServe
 from jitserve.scheduling.registry import make_policy
-from jitserve.scheduling.slidingserve import SlidingServe
 from jitserve.slo import LatencySLO
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveProgram, LiveRequest, LLMCall, Program, Request, Stage
-from jitserve.scheduling.keyed import KeyInput, KeySpeeds
+from jitserve.scheduling.baselines.keyed import KeyInput, KeySpeeds
 from jitserve.scheduling.registry import BASELINES
 from jitserve.scheduling.slack import out_of_reach
 from jitserve.scheduling.table import WaitingTable, features_of, out_of_reach_rows

@@ -5,7 +5,8 @@ scheduler, kept free of vLLM so it is tested without it: it reads vLLM's request
 only through the attributes of :class:`EngineRequest`. Before each ``schedule()`` it
 turns the running and waiting requests into the budget rule's inputs (the TBT slack of
 each decode, the prompt tokens still to compute) and returns the budget; after each step
-it feeds the measured step time to the :class:`~jitserve.scheduling.step_model.OnlineStepModel`.
+it feeds the measured step time to the
+:class:`~jitserve.scheduling.estimators.step_model.OnlineStepModel`.
 
 A request's SLO comes in its ``vllm_xargs`` (vLLM's ``sampling_params.extra_args``), as
 the sidecar sets them per dispatch: ``jitserve_due_s``, the wall-clock time (epoch s) its
@@ -31,7 +32,7 @@ from jitserve.scheduling.budget import (
     DecodeSlack,
     choose_budget,
 )
-from jitserve.scheduling.step_model import OnlineStepModel
+from jitserve.scheduling.estimators.step_model import OnlineStepModel
 
 
 class EngineRequest(Protocol):

@@ -6,7 +6,7 @@ The paper gives each request K dummy copies on K sampled replicas, each copy wit
 that schedules a copy wins. A gateway places at arrival, in one hop, from reports, so
 this is the arrival-time form of it: for each of the K sampled replicas
 (:class:`~jitserve.placement.plugins.SampleK`), score the request with GMAX's own
-scorer (:func:`jitserve.scheduling.priorities.score_features`) at *that* replica's
+scorer (:func:`jitserve.scheduling.gmax.priorities.score_features`) at *that* replica's
 measured speeds (decode step, prefill and per-token cost from its report) and start
 delay (its queue: prompts still to prefill, and a wait for a batch slot when its
 priority would not clear the replica's admit priority), then compare that priority with
@@ -35,13 +35,8 @@ from jitserve.placement.plugins import (
 )
 from jitserve.placement.simple import SentSinceReport
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.priorities import (
-    MIN_TIME_S,
-    RowSpeeds,
-    Speeds,
-    normal_quantile,
-    score_features,
-)
+from jitserve.scheduling.gmax.priorities import MIN_TIME_S, normal_quantile, score_features
+from jitserve.scheduling.scores import RowSpeeds, Speeds
 from jitserve.scheduling.table import Features
 from jitserve.slo import LatencySLO
 

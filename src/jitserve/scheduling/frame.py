@@ -30,7 +30,7 @@ import numpy.typing as npt
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, FramePlan, Retirement, RetireReason
-from jitserve.scheduling.priorities import Scores, Speeds
+from jitserve.scheduling.scores import Scores, Speeds
 from jitserve.scheduling.table import Features, WaitingTable
 
 FloatArray = npt.NDArray[np.float64]

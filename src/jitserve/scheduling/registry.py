@@ -17,10 +17,10 @@ from collections.abc import Callable
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF, Sarathi
+from jitserve.scheduling.baselines.keyed import KeyedPolicy
+from jitserve.scheduling.baselines.slidingserve import SlidingServe
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.keyed import KeyedPolicy
 from jitserve.scheduling.overload import OverloadControl
-from jitserve.scheduling.slidingserve import SlidingServe
 from jitserve.scheduling.staged import StagedPolicy
 
 BASELINES: dict[str, Callable[[SLOPolicySpec, OverloadControl | None], KeyedPolicy]] = {

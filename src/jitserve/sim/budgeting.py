@@ -1,6 +1,6 @@
 """The simulator's per-iteration token budget and batch: the budget rule and SlidingServe's
 BatchConstructor, predicting steps as the in-engine vLLM scheduler does, with the online
-step model (:class:`~jitserve.scheduling.step_model.OnlineStepModel`) fitted from the
+step model (:class:`~jitserve.scheduling.estimators.step_model.OnlineStepModel`) fitted from the
 steps simulated so far and warm started from the profile: estimators, not the engine's
 exact times, so their error is in the results."""
 
@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.budget import BudgetRule, DecodeSlack, choose_budget
-from jitserve.scheduling.constructor import Candidate, construct
+from jitserve.scheduling.budget.constructor import Candidate, construct
+from jitserve.scheduling.estimators.step_model import OnlineStepModel
 from jitserve.scheduling.slack import next_token_due_s
-from jitserve.scheduling.step_model import OnlineStepModel
 from jitserve.sim.latency import Profile
 from jitserve.slo import LatencySLO
 

@@ -1,6 +1,6 @@
 """Baselines the papers beat, on the same :class:`~jitserve.scheduling.base.Policy`
 interface and the same engine as GMAX. Each is one sort key (lower runs first), written
-once over arrays (:class:`~jitserve.scheduling.keyed.KeyedPolicy`).
+once over arrays (:class:`~jitserve.scheduling.baselines.keyed.KeyedPolicy`).
 
 - ``fcfs``: vLLM's default: first come first served, whole-prompt prefill first
   (vLLM v0 batching), no preemption except under KV pressure.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitserve.scheduling.keyed import KeyedPolicy, KeyInput
+from jitserve.scheduling.baselines.keyed import KeyedPolicy, KeyInput
 from jitserve.scheduling.table import Features, FloatArray
 
 __all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due"]

@@ -2,7 +2,7 @@
 ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
 
 - :class:`GroupFilter`: the stage, and the one owner of the cutoff p (fixed, or learned
-  by its :class:`~jitserve.scheduling.cutoff.CutoffTuner`) and of the threshold an
+  by its :class:`~jitserve.scheduling.gmax.cutoff.CutoffTuner`) and of the threshold an
   arrival must clear to join the group between frames;
 - :func:`choose_by_context`: keep the top ``k * B`` requests with priority >= ``p`` x the
   B-th best (the cutoff), sort them by input length and take the size-B window with the
@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import CutoffMode, SLOPolicySpec
-from jitserve.scheduling.cutoff import CutoffTuner
 from jitserve.scheduling.frame import Frame
+from jitserve.scheduling.gmax.cutoff import CutoffTuner
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

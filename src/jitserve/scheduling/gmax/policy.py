@@ -4,16 +4,16 @@ GMAX is a profile of small stages (:mod:`~jitserve.scheduling.frame`) over the w
 table (the queue, with every waiting request's features in columns) and the running set;
 at every frame (DESIGN.md "GMAX scheduler"):
 
-1. **scorer** (:class:`~jitserve.scheduling.scoring.Score`): goodput per unit of engine
+1. **scorer** (:class:`~jitserve.scheduling.gmax.scoring.Score`): goodput per unit of engine
    time, aged by ``delta`` per frame waited; with fairness weight ``f``, the tenants'
-   claims blended in (:class:`~jitserve.scheduling.scoring.FairShare`);
-2. **group filter** (:class:`~jitserve.scheduling.grouping.GroupFilter`, the one owner
+   claims blended in (:class:`~jitserve.scheduling.gmax.scoring.FairShare`);
+2. **group filter** (:class:`~jitserve.scheduling.gmax.grouping.GroupFilter`, the one owner
    of the cutoff ``p``): the cutoff and the input-length window;
-3. **sequencer** (:class:`~jitserve.scheduling.sequencing.Sequencer`): the waiting
+3. **sequencer** (:class:`~jitserve.scheduling.gmax.sequencing.Sequencer`): the waiting
    members' start order; members that would start too late leave the group;
-4. **preemptor** (:class:`~jitserve.scheduling.preemption.Preemptor`): running requests
+4. **preemptor** (:class:`~jitserve.scheduling.gmax.preemption.Preemptor`): running requests
    outside the group swapped out when it pays;
-5. **pacer** (:class:`~jitserve.scheduling.pacing.PrefillPacer`): at a frame, the rate
+5. **pacer** (:class:`~jitserve.scheduling.gmax.pacing.PrefillPacer`): at a frame, the rate
    prompts may start at; between frames, which waiting request may start now.
 
 ``MechanismSettings`` selects the stages (an ablation leaves one out or swaps it for its
@@ -33,13 +33,13 @@ import numpy as np
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.frame import Stage, no_bar
-from jitserve.scheduling.grouping import GroupFilter
+from jitserve.scheduling.gmax.grouping import GroupFilter
+from jitserve.scheduling.gmax.pacing import PrefillPacer
+from jitserve.scheduling.gmax.preemption import Preemptor
+from jitserve.scheduling.gmax.priorities import latency_tokens_reachable
+from jitserve.scheduling.gmax.scoring import FairShare, Score
+from jitserve.scheduling.gmax.sequencing import Sequencer, group_key
 from jitserve.scheduling.overload import OverloadControl
-from jitserve.scheduling.pacing import PrefillPacer
-from jitserve.scheduling.preemption import Preemptor
-from jitserve.scheduling.priorities import latency_tokens_reachable
-from jitserve.scheduling.scoring import FairShare, Score
-from jitserve.scheduling.sequencing import Sequencer, group_key
 from jitserve.scheduling.staged import StagedPolicy
 from jitserve.scheduling.table import one_row
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from jitserve.scheduling.baselines import next_token_due
-from jitserve.scheduling.keyed import KeyedPolicy, KeyInput
+from jitserve.scheduling.baselines.keyed import KeyedPolicy, KeyInput
 from jitserve.scheduling.table import FloatArray
 
 SAFEGUARD_URGENCY = 0.5

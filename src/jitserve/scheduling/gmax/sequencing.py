@@ -6,7 +6,7 @@ priority with ``mechanisms.latestStartSequencing`` off; with fairness weight ``f
 is blended with the tenants' fair-share order (urgency is a claim on your own share),
 positions in each order weighted ``1 - f`` and ``f``. With latest-start sequencing, the
 members that would start too late leave the group
-(:func:`~jitserve.scheduling.grouping.admit_feasible`). The blend's scale is kept between
+(:func:`~jitserve.scheduling.gmax.grouping.admit_feasible`). The blend's scale is kept between
 frames so that an arrival gets a key on the same scale.
 
 The stage writes the waiting requests' keys into the table (the group's members by start
@@ -25,9 +25,9 @@ import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.grouping import admit_feasible
-from jitserve.scheduling.priorities import Scores
-from jitserve.scheduling.scoring import FairShare
+from jitserve.scheduling.gmax.grouping import admit_feasible
+from jitserve.scheduling.gmax.scoring import FairShare
+from jitserve.scheduling.scores import Scores
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

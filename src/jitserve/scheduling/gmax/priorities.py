@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import FairnessSettings, Objective, SLOPolicySpec
 from jitserve.requests import LiveRequest
+from jitserve.scheduling.scores import RowSpeeds, Scores, Speeds
 from jitserve.scheduling.table import Features, features_of
 
 FloatArray = npt.NDArray[np.float64]
@@ -39,58 +39,9 @@ DEMOTED_GAIN = 1e-3
 """A demoted request's gain per token: best effort, after everything with an SLO."""
 
 
-@dataclass(slots=True)
-class Speeds:
-    """The engine's measured speeds at the current load."""
-
-    decode_s: float = 0.03
-    """One decode step (v_token)."""
-    prefill_s: float = 1e-4
-    """Wall time per queued prompt token."""
-    token_s: float = 1e-4
-    """Engine time per batched token (the marginal cost of one more token)."""
-    batch: int = 256
-    slots_bind: bool = False
-    """More live requests than batch slots at the last frame."""
-    z_q: float = 1.645
-    """Standard normal quantile of the length bound's level q."""
-
-
-@dataclass(slots=True)
-class RowSpeeds:
-    """Speeds and clock per row: one request scored on several engines in one call
-    (placement's replica-specific priority, :mod:`jitserve.placement.power_of_k`)."""
-
-    now_s: FloatArray
-    decode_s: FloatArray
-    prefill_s: FloatArray
-    token_s: FloatArray
-    batch: FloatArray
-    slots_bind: npt.NDArray[np.bool_]
-
-
 def _at(x: float | FloatArray, rows: npt.NDArray[np.intp]) -> float | FloatArray:
     """``x`` at ``rows`` when it is per row, else the scalar itself."""
     return x[rows] if isinstance(x, np.ndarray) else x
-
-
-@dataclass(slots=True)
-class Scores:
-    priority: FloatArray
-    """Goodput per unit of engine time, aged."""
-    latest_start: FloatArray
-    """Latest start (s) that still earns the full gain; the group's sequencing key."""
-    median: float
-    """Median positive priority before aging (the scale of aging and fairness)."""
-    work_s: FloatArray
-    """Engine time the rest of the request takes at the measured per-token cost."""
-    due_s: FloatArray
-    """When its last token is due (deadline, stage sub-deadline, or latency timeline)."""
-    gain: FloatArray
-    """Expected goodput if started now (0: nothing left to earn)."""
-    need_s: FloatArray
-    """Per-token time r needs from now on: its TBT (latency) or time left over typical
-    tokens left (others); infinite when demoted."""
 
 
 def latency_tokens_reachable(

@@ -3,7 +3,7 @@ claims blended in (paper section 4.2; DESIGN.md "GMAX scheduler").
 
 :class:`Score` reads the measured speeds off the frame's engine view, scores the running
 requests and the waiting table's rows in one array pass
-(:func:`~jitserve.scheduling.priorities.score_features`: goodput per unit of engine
+(:func:`~jitserve.scheduling.gmax.priorities.score_features`: goodput per unit of engine
 time, aged by ``delta`` per frame waited) and writes the priorities back: into the
 table's ``priority`` column for the waiting, into :class:`~jitserve.scheduling.frame.Kept`
 for the running. With fairness weight ``f``, :class:`FairShare` (the one owner of ``f``)
@@ -22,14 +22,13 @@ import numpy.typing as npt
 
 from jitserve.policy import FairnessSettings, SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.priorities import (
+from jitserve.scheduling.gmax.priorities import (
     MIN_TIME_S,
-    Scores,
-    Speeds,
     fair_claims,
     normal_quantile,
     score_features,
 )
+from jitserve.scheduling.scores import Scores, Speeds
 from jitserve.scheduling.table import Features, TenantCodes, features_of
 
 FloatArray = npt.NDArray[np.float64]
