@@ -23,8 +23,8 @@ def test_a_prompt_that_fits_the_pacer_starts_while_the_head_waits() -> None:
     gmax.enqueue(small, 0.0)
     # a step slower than the running request's need stops admissions, then one fast
     # enough lets prompts in at 1 / tau = 20 tokens/s
-    pacer.on_frame(0.0, np.array([0.05]), 0.2, 0.001)
-    pacer.on_frame(1.0, np.array([0.05]), 0.04, 0.001)
+    pacer.on_frame(0.0, np.array([0.05]), 0.2)
+    pacer.on_frame(1.0, np.array([0.05]), 0.04)
     assert 0 < pacer.rate < 100
     assert gmax.queue.peek() is head  # first in start order
     assert gmax.pop_next(1.0, 1) is None  # nothing fits yet

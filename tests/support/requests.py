@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jitserve.requests import LiveRequest, Phase, Request
-from jitserve.scheduling.gmax.grouping import choose_by_context
+from jitserve.scheduling.gmax.grouping import GroupCut, choose_by_context
 from jitserve.slo import SLO, DeadlineSLO
 
 
@@ -39,4 +39,5 @@ def choose_group(live_requests: Sequence[LiveRequest], priority: np.ndarray, bat
     """GMAX's group choice over the requests' context lengths, as the waiting table feeds
     :func:`~jitserve.scheduling.gmax.grouping.choose_by_context` its column."""
     context = np.array([r.context_tokens for r in live_requests], dtype=np.float64)
-    return choose_by_context(context, priority, batch, cutoff, candidate_factor, length_window)
+    cut = GroupCut(batch, cutoff, candidate_factor, length_window)
+    return choose_by_context(context, priority, cut)

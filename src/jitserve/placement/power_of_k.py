@@ -35,7 +35,12 @@ from jitserve.placement.plugins import (
 )
 from jitserve.placement.simple import SentSinceReport
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.gmax.priorities import MIN_TIME_S, normal_quantile, score_features
+from jitserve.scheduling.gmax.priorities import (
+    MIN_TIME_S,
+    ScoreAt,
+    normal_quantile,
+    score_features,
+)
 from jitserve.scheduling.scores import RowSpeeds, Speeds
 from jitserve.scheduling.table import Features
 from jitserve.slo import LatencySLO
@@ -146,8 +151,8 @@ class ReplicaPriorities:
         features = Features(
             *(np.repeat(getattr(self._features, name), 4 * k) for name in Features.__slots__)
         )
-        p = np.maximum(score_features(features, now_s, Speeds(z_q=self.z_q), self.spec,
-                                      rows=rows).priority, 0.0)
+        at = ScoreAt(now_s, Speeds(z_q=self.z_q), self.spec, rows=rows)
+        p = np.maximum(score_features(features, at).priority, 0.0)
         bars = [self.admit_bar(r, int(n)) for r, n in zip(todo, n_sent.tolist(), strict=True)]
         for i, (r, bar) in enumerate(zip(todo, bars, strict=True)):
             now_p = float(p[i])

@@ -51,21 +51,16 @@ class PrefillPacer:
         if frame.scores is None or frame.speeds is None:
             return
         first = frame.first_waiting
-        ok = frame.scores.gain[:first] > 0
-        self.on_frame(frame.now_s, frame.scores.need_s[:first][ok], frame.view.decode_step_s,
-                      frame.speeds.token_s * first)
+        needs = frame.scores.need_s[:first][frame.scores.gain[:first] > 0]
+        # a need below the fastest step pacing can give (decoding alone) cannot be met by
+        # pacing: it is not protected
+        floor_s = frame.speeds.token_s * first
+        self.on_frame(frame.now_s, needs[np.isfinite(needs) & (needs > floor_s)],
+                      frame.view.decode_step_s)
 
-    def on_frame(
-        self,
-        now_s: float,
-        needs_s: npt.NDArray[np.float64],
-        step_s: float,
-        floor_s: float,
-    ) -> None:
-        """``needs_s``: per-token time each running request with goodput left needs;
-        ``step_s``: the measured step time; ``floor_s``: the fastest step pacing can give
-        (decoding alone). Needs below the floor cannot be met by pacing and are ignored."""
-        savable = needs_s[np.isfinite(needs_s) & (needs_s > floor_s)]
+    def on_frame(self, now_s: float, savable: npt.NDArray[np.float64], step_s: float) -> None:
+        """``savable``: the per-token time each running request that pacing can still
+        save needs; ``step_s``: the measured step time."""
         elapsed = now_s - self._frame_start_s if self._frame_start_s is not None else 0.0
         admitted_rate = self._started_tokens / elapsed if elapsed > 0 else math.inf
         self._frame_start_s, self._started_tokens = now_s, 0.0

@@ -13,7 +13,8 @@ time while the batch's decoders wait), scaled by ``preemption.costFactor``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,25 +23,32 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.frame import Frame
 
 
-def choose_victims(
-    challengers: Sequence[LiveRequest],
-    victims: Sequence[LiveRequest],
-    priority: Mapping[LiveRequest, float],
-    settings: PreemptionSettings,
-    slot_s: float,
-    token_s: float,
-    token_rate: float,
-) -> list[LiveRequest]:
-    """Pair the best challengers with the worst victims; keep the pairs that pay off.
+@dataclass(frozen=True, slots=True)
+class SwapPrice:
+    """What a swap gains and costs over one frame: ``slot_s``, the engine time one batch
+    slot holds; ``token_s``, the measured time per token of recomputed context;
+    ``token_rate``, the batch's tokens per second that stall meanwhile; ``cost_factor``,
+    ``preemption.costFactor``."""
 
-    ``challengers``: waiting group members that find no free slot, best first;
-    ``victims``: running requests outside the group, worst first; ``slot_s``: engine
-    time one batch slot holds over a frame."""
+    slot_s: float
+    token_s: float
+    token_rate: float
+    cost_factor: float
+
+
+def choose_victims(
+    pairs: Iterable[tuple[LiveRequest, LiveRequest]],
+    priority: Mapping[LiveRequest, float],
+    price: SwapPrice,
+) -> list[LiveRequest]:
+    """The victims of the (challenger, victim) ``pairs`` whose swap pays off: the best
+    challengers (waiting group members that find no free slot) paired with the worst
+    victims (running requests outside the group)."""
     out = []
-    for challenger, victim in zip(challengers[: settings.max_per_frame], victims, strict=False):
-        gain = (priority[challenger] - priority[victim]) * slot_s
-        stall_s = victim.context_tokens * token_s
-        if gain > settings.cost_factor * stall_s * token_rate:
+    for challenger, victim in pairs:
+        gain = (priority[challenger] - priority[victim]) * price.slot_s
+        stall_s = victim.context_tokens * price.token_s
+        if gain > price.cost_factor * stall_s * price.token_rate:
             out.append(victim)
     return out
 
@@ -82,7 +90,7 @@ class Preemptor:
         slots = max(first, 1)
         speeds = frame.speeds
         frame_s = self.frame_steps * speeds.decode_s
-        frame.plan.preempt.extend(choose_victims(
-            challengers, victims, priority, self.settings, frame_s / slots, speeds.token_s,
-            slots / speeds.decode_s,
-        ))  # fmt: skip
+        price = SwapPrice(frame_s / slots, speeds.token_s, slots / speeds.decode_s,
+                          self.settings.cost_factor)
+        pairs = zip(challengers[: self.settings.max_per_frame], victims, strict=False)
+        frame.plan.preempt.extend(choose_victims(pairs, priority, price))

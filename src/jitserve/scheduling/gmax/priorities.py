@@ -23,15 +23,15 @@ For every live request r (vectorised over all of them, O(N)):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from jitserve.policy import FairnessSettings, Objective, SLOPolicySpec
-from jitserve.requests import LiveRequest
 from jitserve.scheduling.scores import RowSpeeds, Scores, Speeds
-from jitserve.scheduling.table import Features, features_of
+from jitserve.scheduling.table import Features
 
 FloatArray = npt.NDArray[np.float64]
 MIN_TIME_S = 1e-3
@@ -109,32 +109,24 @@ def p_within(
     return np.where(tokens <= 0, 0.0, normal_cdf(z))
 
 
-def score(
-    rs: list[LiveRequest],
-    now_s: float,
-    speeds: Speeds,
-    spec: SLOPolicySpec,
-    frames_waited: Mapping[LiveRequest, int],
-    demoted: Set[LiveRequest],
-    median_hint: float = 1.0,
-) -> Scores:
-    """Priority and latest start of each of ``rs`` (see the module docstring)."""
-    return score_features(
-        features_of(rs, frozenset(demoted), dict(frames_waited)), now_s, speeds, spec, median_hint
-    )
+@dataclass(frozen=True, slots=True)
+class ScoreAt:
+    """Where requests are scored: the clock, the engine's speeds and the settings; the
+    median priority of the last frame (an arrival scored alone keeps it: the scale of
+    aging); with ``rows``, each row at its own clock and speeds (one request on several
+    replicas; ``now_s`` and ``speeds``' are then unused but for ``z_q``)."""
+
+    now_s: float
+    speeds: Speeds
+    spec: SLOPolicySpec
+    median_hint: float = 1.0
+    rows: RowSpeeds | None = None
 
 
-def score_features(
-    features: Features,
-    now_s: float,
-    speeds: Speeds,
-    spec: SLOPolicySpec,
-    median_hint: float = 1.0,
-    rows: RowSpeeds | None = None,
-) -> Scores:
-    """:func:`score` over requests given by their features (a waiting table's columns);
-    with ``rows``, each row at its own clock and speeds (``now_s`` and ``speeds``' are
-    then unused but for ``z_q``)."""
+def score_features(features: Features, at: ScoreAt) -> Scores:
+    """Priority and latest start of requests given by their features (a waiting table's
+    columns; see the module docstring)."""
+    speeds, spec, median_hint, rows = at.speeds, at.spec, at.median_hint, at.rows
     n = len(features)
     if n == 0:
         empty = np.zeros(0)
@@ -144,7 +136,7 @@ def score_features(
     token_s: float | FloatArray
     now: float | FloatArray
     if rows is None:
-        v, pf_s, token_s, now = speeds.decode_s, speeds.prefill_s, speeds.token_s, now_s
+        v, pf_s, token_s, now = speeds.decode_s, speeds.prefill_s, speeds.token_s, at.now_s
         slot_s: float | FloatArray = v / speeds.batch if speeds.slots_bind else 0.0
     else:
         v, pf_s, token_s, now = rows.decode_s, rows.prefill_s, rows.token_s, rows.now_s

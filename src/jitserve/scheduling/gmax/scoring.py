@@ -24,6 +24,7 @@ from jitserve.policy import FairnessSettings, SLOPolicySpec
 from jitserve.scheduling.frame import Frame
 from jitserve.scheduling.gmax.priorities import (
     MIN_TIME_S,
+    ScoreAt,
     fair_claims,
     normal_quantile,
     score_features,
@@ -115,7 +116,9 @@ class Score:
     def score(self, features: Features, now_s: float) -> Scores:
         """Scores of requests given by their features at the last frame's speeds (an
         arrival is scored alone: admission stays cheap)."""
-        return score_features(features, now_s, self.speeds, self.spec, self.median_priority)
+        return score_features(
+            features, ScoreAt(now_s, self.speeds, self.spec, self.median_priority)
+        )
 
     def run(self, frame: Frame) -> None:
         view, queue, kept = frame.view, frame.queue, frame.kept

@@ -6,7 +6,7 @@ priority with ``mechanisms.latestStartSequencing`` off; with fairness weight ``f
 is blended with the tenants' fair-share order (urgency is a claim on your own share),
 positions in each order weighted ``1 - f`` and ``f``. With latest-start sequencing, the
 members that would start too late leave the group
-(:func:`~jitserve.scheduling.gmax.grouping.admit_feasible`). The blend's scale is kept between
+(:func:`admit_feasible`). The blend's scale is kept between
 frames so that an arrival gets a key on the same scale.
 
 The stage writes the waiting requests' keys into the table (the group's members by start
@@ -17,6 +17,7 @@ plans to start (``frame.keep``).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import defaultdict
 
@@ -25,13 +26,15 @@ import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.grouping import admit_feasible
 from jitserve.scheduling.gmax.scoring import FairShare
 from jitserve.scheduling.scores import Scores
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+VALUE_BUCKETS = 8
+"""Values within a factor e^(1/8) (~13%) count as equal when choosing whom to displace;
+among equals the member with more work goes (more requests then meet their SLO)."""
 OUTSIDE_GROUP = 1e13
 """Queue keys: members of the chosen group are keyed by their start order (below
 ``OUTSIDE_GROUP / 2``); everyone else by ``OUTSIDE_GROUP - priority``, so after them."""
@@ -55,17 +58,9 @@ class Sequencer:
     def run(self, frame: Frame) -> None:
         if frame.live is None or frame.scores is None or frame.speeds is None:
             return
-        first, scores, speeds, live = frame.first_waiting, frame.scores, frame.speeds, frame.live
-        chosen, priority = frame.chosen, frame.priority
-        keys = self._blend(first, chosen, self.order(scores, priority), frame.hopeless,
-                           live.tenant)
-        self.frontier = -math.inf
-        if self.by_latest_start:
-            self.frontier = admit_feasible(
-                live.prefill_left, first, priority, keys, scores.latest_start, scores.work_s,
-                scores.due_s, chosen, frame.now_s, speeds.prefill_s, speeds.decode_s,
-                speeds.token_s,
-            )  # fmt: skip
+        first, chosen, priority = frame.first_waiting, frame.chosen, frame.priority
+        keys = self._blend(frame, self.order(frame.scores, priority))
+        self.frontier = admit_feasible(frame, keys) if self.by_latest_start else -math.inf
         queue = frame.queue
         queue.set_keys(group_key(priority, keys, chosen)[first:])
         frame.keep.update(queue.rows[i] for i in np.flatnonzero(chosen[first:]).tolist())
@@ -83,17 +78,12 @@ class Sequencer:
         """Can an arrival with this latest start no longer start in time?"""
         return self.by_latest_start and latest_start_s < now_s
 
-    def _blend(
-        self,
-        first: int,
-        chosen: BoolArray,
-        base: FloatArray,
-        hopeless: BoolArray,
-        tenant: IntArray,
-    ) -> FloatArray:
-        if self.fair.f <= 0:
+    def _blend(self, frame: Frame, base: FloatArray) -> FloatArray:
+        """The members' start keys with the tenants' fair-share order blended in."""
+        if self.fair.f <= 0 or frame.live is None:
             return base
-        claims = self.fair.claims
+        first, chosen, hopeless = frame.first_waiting, frame.chosen, frame.hopeless
+        tenant, claims = frame.live.tenant, self.fair.claims
         members = np.flatnonzero(chosen[first:]) + first
         self._bases = sorted(base[members].tolist())
         counts: dict[int, int] = defaultdict(int)
@@ -124,3 +114,108 @@ class Sequencer:
 def group_key(priority: FloatArray, start_key: FloatArray, chosen: BoolArray) -> FloatArray:
     """Queue keys: a member by its start order, everyone else after all members."""
     return np.where(chosen, np.minimum(start_key, OUTSIDE_GROUP / 2), OUTSIDE_GROUP - priority)
+
+
+def admit_feasible(frame: Frame, start_key: FloatArray) -> float:
+    """Drop from ``chosen`` the waiting members that cannot meet their SLO in the start
+    order ``start_key`` (seed 003: urgency must not cascade; overload is detected, then
+    the scheduler turns value-based).
+
+    Walking the waiting members in start order, member k is feasible when (1) the
+    prompts queued ahead of it (running prefills first) are done by its latest start,
+    and (2) the engine time of everything ahead of it plus its own is done by its due
+    time (running requests count what they can decode by then, one token per step).
+    When k is not, accepted members ahead of it with less value per unit of engine time
+    (then: more work) are displaced while that makes k feasible (weighted
+    Moore-Hodgson); otherwise k leaves the group. O(N log N).
+
+    Returns the highest value among the displaced members (-inf if none): under overload,
+    an arrival worth no more than that would be displaced too. Value is the frame's
+    priority; ``chosen`` is the frame's group."""
+    assert frame.live is not None and frame.scores is not None and frame.speeds is not None
+    prefill_left, n_running, value = frame.live.prefill_left, frame.first_waiting, frame.priority
+    scores, chosen, now_s = frame.scores, frame.chosen, frame.now_s
+    latest_start, work_s, due_s = scores.latest_start, scores.work_s, scores.due_s
+    prefill_s, decode_s = frame.speeds.prefill_s, frame.speeds.decode_s
+    token_s = frame.speeds.token_s
+    running_work = np.sort(work_s[:n_running])
+    running_prefix = np.concatenate([[0.0], np.cumsum(running_work)])
+    # a running request decodes one token per step: by time h it takes at most
+    # h / decode_s tokens of engine time, i.e. rate x h seconds of it
+    rate = token_s / max(decode_s, 1e-9)
+
+    def running_by(h: float) -> float:
+        if not math.isfinite(h):
+            return float(running_prefix[-1])
+        cap = rate * max(h, 0.0)
+        i = int(np.searchsorted(running_work, cap))
+        return float(running_prefix[i] + cap * (n_running - i))
+
+    def rank(j: int) -> tuple[float, float]:
+        return (math.floor(math.log(max(float(value[j]), 1e-30)) * VALUE_BUCKETS), -work_s[j])
+
+    def size(j: int) -> float:
+        return float(prefill_left[j]) * prefill_s
+
+    # The members up to the first one that is late need no displacement: walk them in
+    # arrays (the same sums in the same order as the loop below), the rest one by one.
+    order = np.flatnonzero(chosen[n_running:]) + n_running
+    order = order[np.argsort(start_key[order], kind="stable")]
+    sizes = prefill_left[order] * prefill_s
+    works = work_s[order]
+    backlog0 = float(prefill_left[:n_running].sum()) * prefill_s
+    backlog_at = np.cumsum(np.concatenate([[backlog0], sizes]))
+    queued_at = np.cumsum(np.concatenate([[0.0], works]))
+    due = due_s[order]
+    horizon = due - now_s
+    cap = rate * np.maximum(horizon, 0.0)
+    at = np.searchsorted(running_work, cap)
+    with np.errstate(invalid="ignore"):
+        by = np.where(
+            np.isfinite(horizon), running_prefix[at] + cap * (n_running - at), running_prefix[-1]
+        )
+    late = (now_s + backlog_at[:-1] - latest_start[order] > 0) | (
+        now_s + by + queued_at[:-1] + works - due > 0
+    )
+    bad = np.flatnonzero(late)
+    if bad.size == 0:
+        return -math.inf
+    k = int(bad[0])
+    ahead = order[:k].tolist()
+    accepted: list[tuple[float, float, int]] = [(*rank(j), j) for j in ahead]
+    heapq.heapify(accepted)  # min-heap: least value, then most work
+    backlog = float(backlog_at[k])
+    queued_work = float(queued_at[k])
+    frontier = -math.inf
+    members = order[k:].tolist()
+
+    for i in members:
+        late_start = now_s + backlog - latest_start[i]
+        late_finish = (
+            now_s + running_by(due_s[i] - now_s) + queued_work + work_s[i] - due_s[i]
+        )
+        evicted: list[tuple[float, float, int]] = []
+        mine = rank(i)
+        while (late_start > 0 or late_finish > 0) and accepted and accepted[0][:2] < mine:
+            entry = heapq.heappop(accepted)
+            j = entry[2]
+            evicted.append(entry)
+            late_start -= size(j)
+            backlog -= size(j)
+            late_finish -= work_s[j]
+            queued_work -= work_s[j]
+        if late_start > 0 or late_finish > 0:  # cannot be made feasible: undo, drop i
+            for entry in evicted:
+                heapq.heappush(accepted, entry)
+                backlog += size(entry[2])
+                queued_work += work_s[entry[2]]
+            chosen[i] = False
+            continue
+        for entry in evicted:
+            chosen[entry[2]] = False
+            frontier = max(frontier, float(value[entry[2]]))
+        heapq.heappush(accepted, (*mine, i))
+        backlog += size(i)
+        queued_work += work_s[i]
+    return frontier
+
