@@ -8,21 +8,22 @@ from jitserve.goodput import (
     deadline_goodput,
     latency_tokens_on_time,
 )
-from jitserve.slo import SLOKind
+from jitserve.slo import LatencySLO, SLOKind
 
 
 def test_latency_tokens_counted_against_their_timeline() -> None:
     # arrival 0, ttft 1 s, tbt 0.5 s: token i due at 1 + 0.5 i
     times = np.array([0.9, 1.6, 2.0, 3.5, 3.6])  # due: 1.0, 1.5, 2.0, 2.5, 3.0
-    assert latency_tokens_on_time(times, 0, 0.0, 1.0, 0.5) == 2  # token 0 and token 2 (exactly due)
+    slo = LatencySLO(1.0, 0.5)
+    assert latency_tokens_on_time(times, 0, 0.0, slo) == 2  # token 0 and token 2 (exactly due)
     # a later segment of the same request starting at token 3: due 2.5, 3.0
-    assert latency_tokens_on_time(np.array([2.4, 3.1]), 3, 0.0, 1.0, 0.5) == 1
+    assert latency_tokens_on_time(np.array([2.4, 3.1]), 3, 0.0, slo) == 1
 
 
 def test_late_first_token_can_catch_up() -> None:
     # first token 0.3 s late, then tokens every 0.2 s against a 0.5 s tbt
     times = 1.3 + 0.2 * np.arange(5)
-    assert latency_tokens_on_time(times, 0, 0.0, 1.0, 0.5) == 4
+    assert latency_tokens_on_time(times, 0, 0.0, LatencySLO(1.0, 0.5)) == 4
 
 
 def test_deadline_goodput_is_all_or_nothing() -> None:

@@ -28,14 +28,13 @@ def latency_tokens_on_time(
     token_times: npt.NDArray[np.float64],
     first_index: int,
     arrival_s: float,
-    ttft_s: float,
-    tbt_s: float,
+    slo: LatencySLO,
 ) -> int:
     """How many of the tokens ``first_index, first_index+1, ...`` delivered at
     ``token_times`` meet the latency timeline ``arrival + ttft + i * tbt``."""
     if token_times.size == 0:
         return 0
-    due = arrival_s + ttft_s + (first_index + np.arange(token_times.size)) * tbt_s
+    due = slo.due_s(arrival_s, first_index + np.arange(token_times.size))
     return int(np.count_nonzero(token_times <= due + 1e-9))
 
 

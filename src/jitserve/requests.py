@@ -203,5 +203,5 @@ class LiveRequest:
         slo = self.req.slo
         if isinstance(slo, LatencySLO):
             last = max(self.bound, self.generated + 1) - 1
-            return self.req.arrival_s + slo.ttft_s + last * slo.tbt_s
+            return slo.due_s(self.req.arrival_s, last)
         return self.req.arrival_s + slo.deadline_s

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
 
 
 class SLOKind(StrEnum):
@@ -45,6 +49,20 @@ class LatencySLO:
     def __post_init__(self) -> None:
         _positive("ttft_s", self.ttft_s)
         _positive("tbt_s", self.tbt_s)
+
+    @overload
+    def due_s(self, arrival_s: float, token: float) -> float: ...
+
+    @overload
+    def due_s(self, arrival_s: float, token: npt.NDArray[Any]) -> npt.NDArray[np.float64]: ...
+
+    def due_s(
+        self, arrival_s: float, token: float | npt.NDArray[Any]
+    ) -> float | npt.NDArray[np.float64]:
+        """When output token ``token`` (0-based; an array of them too) is due: the one
+        place the latency timeline is written (the waiting table's ``due0`` column is
+        ``arrival + ttft``, :meth:`~jitserve.scheduling.table.Features.token_due`)."""
+        return arrival_s + self.ttft_s + token * self.tbt_s
 
 
 @dataclass(frozen=True, slots=True)

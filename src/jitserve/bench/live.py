@@ -172,7 +172,7 @@ async def _run_request(session: aiohttp.ClientSession, url: str, model: str | No
     ontime = 0
     if isinstance(slo, LatencySLO):
         ontime = latency_tokens_on_time(np.asarray(result.token_times, dtype=np.float64), 0,
-                                        arrival, slo.ttft_s, slo.tbt_s)
+                                        arrival, slo)
     assert isinstance(slo, LatencySLO | DeadlineSLO)
     deadline = arrival + (slo.deadline_s if isinstance(slo, DeadlineSLO) else 0.0)
     goodput, met = score_request(slo, req.prompt_tokens, generated, now, deadline, ontime)

@@ -149,7 +149,7 @@ def _request_job(profile: Profile, item: Request, tokens: bool) -> _Job | None:
     times = lone_token_times(profile, prompt, steps + 1)
     lone_prefill, lone_decode = float(times[0]), float(times[-1] - times[0])
     if isinstance(slo, LatencySLO):
-        due = slo.ttft_s + slo.tbt_s * np.arange(steps + 1)
+        due = slo.due_s(0.0, np.arange(steps + 1))
         on_time = int(np.count_nonzero(times <= due + 1e-9))
         end = arrival + float(due[-1])
         if tokens and on_time:

@@ -30,7 +30,7 @@ def next_token_due_s(r: LiveRequest) -> float:
     """When the request's next token is due (latency) or its deadline (others)."""
     slo = r.req.slo
     if isinstance(slo, LatencySLO) and r.program is None:
-        return r.req.arrival_s + slo.ttft_s + r.generated * slo.tbt_s
+        return slo.due_s(r.req.arrival_s, r.generated)
     if r.program is not None:
         return r.program.deadline_abs_s
     return r.deadline_abs_s
@@ -58,7 +58,7 @@ def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
     if is_latency(r):
         slo = r.req.slo
         assert isinstance(slo, LatencySLO)
-        due = r.req.arrival_s + slo.ttft_s + r.generated * slo.tbt_s
+        due = slo.due_s(r.req.arrival_s, r.generated)
         return due - (prefill_left + 1) * prefill_s
     return deadline_s(r) - (prefill_left * prefill_s + typical_remaining(r) * decode_s)
 

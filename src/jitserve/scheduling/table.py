@@ -63,6 +63,11 @@ class Features:
     def __len__(self) -> int:
         return int(self.arrival.size)
 
+    def token_due(self, token: FloatArray) -> FloatArray:
+        """When each latency row's output token ``token`` is due (``due0`` is arrival +
+        TTFT: :meth:`~jitserve.slo.LatencySLO.due_s` over columns)."""
+        return self.due0 + token * self.tbt
+
     @staticmethod
     def concat(parts: Sequence[Features]) -> Features:
         return Features(
@@ -111,7 +116,7 @@ def feature_row(
     if latency:
         assert isinstance(slo, LatencySLO)
         deadline = whole = math.inf
-        due0, tbt = req.arrival_s + slo.ttft_s, slo.tbt_s
+        due0, tbt = slo.due_s(req.arrival_s, 0), slo.tbt_s
     elif lp is not None:
         deadline, whole, due0, tbt = lp.stage_deadline_abs_s, lp.deadline_abs_s, 0.0, 0.0
     else:
@@ -327,6 +332,6 @@ def out_of_reach_rows(
     features, as arrays (tests/core/test_waiting_table.py holds the two to the same
     answers)."""
     fastest = features.prefill_left * prefill_s + decode_s
-    due = features.due0 + features.generated * features.tbt
+    due = features.token_due(features.generated)
     latency_lost = ~features.first_token & (now_s + fastest > due)
     return np.where(features.is_latency, latency_lost, now_s + fastest > features.whole_deadline)

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.goodput import GoodputLedger, Outcome, score_request
+from jitserve.goodput import GoodputLedger, Outcome, latency_tokens_on_time, score_request
 from jitserve.requests import LiveProgram, LiveRequest, Phase, Program, Request
 from jitserve.scheduling.base import EngineView, Policy, RetireReason
 from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator, UniformStageShare
@@ -196,7 +196,7 @@ class Lifecycle:
         if count == 1:  # one streamed token: no arrays
             at = first
             if isinstance(slo, LatencySLO) and r.program is None:
-                due = r.req.arrival_s + slo.ttft_s + first_index * slo.tbt_s
+                due = slo.due_s(r.req.arrival_s, first_index)
                 self._ontime[r] += at <= due + 1e-9
             if last is not None:
                 self.ledger.tbt.add(at - last)
@@ -204,8 +204,7 @@ class Lifecycle:
             return
         assert not isinstance(times, float)
         if isinstance(slo, LatencySLO) and r.program is None:
-            dues = r.req.arrival_s + slo.ttft_s + (first_index + np.arange(times.size)) * slo.tbt_s
-            self._ontime[r] += int(np.count_nonzero(times <= dues + 1e-9))
+            self._ontime[r] += latency_tokens_on_time(times, first_index, r.req.arrival_s, slo)
         gaps = np.diff(times) if last is None else np.diff(times, prepend=last)
         self.ledger.tbt.add_many(gaps)
         self._last_token_s[r] = float(times[-1])

@@ -29,7 +29,7 @@ def iteration_budget(model: OnlineStepModel, most: int, rule: BudgetRule, now: f
         decoders += 1
         slo = r.req.slo
         if isinstance(slo, LatencySLO):
-            due = r.req.arrival_s + slo.ttft_s + token * slo.tbt_s
+            due = slo.due_s(r.req.arrival_s, token)
             decodes.append(DecodeSlack(due - now, slo.tbt_s))
     demand = pending + (2 * most if queued else 0)
     return choose_budget(rule, model.step_time(decoders), decodes, decoders=decoders,

@@ -33,7 +33,7 @@ __all__ = ["EDF", "FCFS", "LSF", "PLAS", "SJF", "Sarathi", "next_token_due"]
 def next_token_due(f: Features) -> FloatArray:
     """When each request's next token is due (latency) or its deadline (others: the
     program's for a compound call)."""
-    return np.where(f.is_latency, f.due0 + f.generated * f.tbt, f.whole_deadline)
+    return np.where(f.is_latency, f.token_due(f.generated), f.whole_deadline)
 
 
 class FCFS(KeyedPolicy):
@@ -69,7 +69,7 @@ class LSF(KeyedPolicy):
 
     def keys(self, batch: KeyInput) -> FloatArray:
         f, pf_s = batch.features, batch.speeds.prefill_s
-        latency = f.due0 + f.generated * f.tbt - (f.prefill_left + 1) * pf_s
+        latency = f.token_due(f.generated) - (f.prefill_left + 1) * pf_s
         other = f.deadline - (f.prefill_left * pf_s + f.typical * batch.speeds.decode_s)
         return np.where(f.is_latency, latency, other)
 

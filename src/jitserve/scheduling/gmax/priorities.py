@@ -188,9 +188,9 @@ def score_features(features: Features, at: ScoreAt) -> Scores:
     due = deadline.copy()
     if lat.size:
         latest_start[lat] = (
-            due0[lat] + generated[lat] * tbt[lat] - (prefill_left[lat] + 1) * _at(pf_s, lat)
+            features.token_due(generated)[lat] - (prefill_left[lat] + 1) * _at(pf_s, lat)
         )
-        due[lat] = due0[lat] + (generated[lat] + typical[lat] - 1) * tbt[lat]
+        due[lat] = features.token_due(generated + typical - 1)[lat]
     demoted_mask = ~np.isfinite(deadline) & ~is_latency
     gain[demoted_mask] = DEMOTED_GAIN * (prompt[demoted_mask] + typical[demoted_mask])
     # One priority per compound stage: the stage's gain over the stage's cost, the gain
