@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from jitserve.bench.stream import stream_completion
-from jitserve.scheduling.budget import DUE_ARG, TBT_ARG
+from jitserve.engine.wire import DUE_ARG, TBT_ARG
 from tests.support.sidecar import wait_backend_idle
 from tests.support.vllm import tiny_vllm
 from tests.support.waiting import wait_until

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jitserve.engine.steps import BudgetSteps
-from jitserve.scheduling.budget import DUE_ARG, TBT_ARG, BudgetRule
+from jitserve.engine.wire import DUE_ARG, TBT_ARG
+from jitserve.scheduling.budget import BudgetRule
 from jitserve.scheduling.estimators.step_model import OnlineStepModel
 
 

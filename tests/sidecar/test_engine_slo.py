@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from jitserve.engine.wire import DUE_ARG, TBT_ARG
 from jitserve.requests import LiveRequest, Request
-from jitserve.scheduling.budget import DUE_ARG, TBT_ARG
 from jitserve.sidecar.engine_slo import engine_xargs
 from jitserve.slo import DeadlineSLO, LatencySLO
 

@@ -8,7 +8,8 @@ work with the CPU wheel) with ``--scheduling-policy priority`` (the sidecar pass
 request's priority), prefix caching (a resumed continuation re-uses its KV blocks) and,
 for the tiny local model, ``--load-format dummy``. Used by ``jitserve up`` and the tests.
 With an engine budget rule (:func:`engine_scheduler_flags`) vLLM loads jitserve's
-in-engine scheduler (:mod:`jitserve.engine`) from this clone's source.
+in-engine scheduler (:mod:`jitserve.engine`; its flags and environment variable are
+:mod:`jitserve.engine.wire`) from this clone's source.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import IO
 
 from jitserve.devstack import tinymodel
-from jitserve.scheduling import budget
+from jitserve.engine import wire
+from jitserve.policy import BudgetRule
 
 
 def cache_dir() -> Path:
@@ -80,8 +82,8 @@ def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127
     return cmd + engine_scheduler_flags(engine_rule, "--async-scheduling" in cmd)
 
 
-ENGINE_RULES = tuple(r.value for r in budget.BudgetRule)
-"""Budget rules of the in-engine scheduler (:class:`jitserve.scheduling.budget.BudgetRule`)."""
+ENGINE_RULES = tuple(r.value for r in BudgetRule)
+"""Budget rules of the in-engine scheduler (:class:`jitserve.policy.BudgetRule`)."""
 
 
 def engine_scheduler_flags(rule: str | None, async_scheduling: bool = False) -> list[str]:
@@ -91,7 +93,7 @@ def engine_scheduler_flags(rule: str | None, async_scheduling: bool = False) -> 
         return []
     if rule not in ENGINE_RULES:
         raise ValueError(f"unknown engine budget rule {rule!r}; one of {', '.join(ENGINE_RULES)}")
-    return budget.engine_scheduler_flags(async_scheduling)
+    return wire.engine_scheduler_flags(async_scheduling)
 
 
 def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict[str, str]:
@@ -101,7 +103,7 @@ def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict
         return {}
     src = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-    env = {budget.RULE_ENV: rule, "PYTHONPATH": path}
+    env = {wire.RULE_ENV: rule, "PYTHONPATH": path}
     if step_log is not None:
         env["JITSERVE_ENGINE_STEP_LOG"] = str(step_log)
     return env

@@ -24,14 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from jitserve.scheduling.budget import (
-    DUE_ARG,
-    RULE_ENV,
-    TBT_ARG,
-    BudgetRule,
-    DecodeSlack,
-    choose_budget,
-)
+from jitserve.engine.wire import DUE_ARG, RULE_ENV, TBT_ARG
+from jitserve.scheduling.budget import BudgetRule, DecodeSlack, choose_budget
 from jitserve.scheduling.estimators.step_model import OnlineStepModel
 
 

@@ -15,6 +15,7 @@ Nothing here talks to a cluster. Rules the tests pin down:
 
 from __future__ import annotations
 
+from jitserve.engine.wire import RULE_ENV, engine_scheduler_flags
 from jitserve.operator import constants as c
 from jitserve.operator.gateway_builders import build_gateway_children
 from jitserve.operator.naming import (
@@ -33,7 +34,6 @@ from jitserve.operator.naming import (
 from jitserve.operator.pods import CONTAINER_SECURITY, OperatorSettings, pod_hardening, resources
 from jitserve.operator.routing import build_ingress, build_network_policy, build_service
 from jitserve.policy import BudgetRule, SLOPolicySpec, dump_policy_yaml
-from jitserve.scheduling.budget import RULE_ENV, engine_scheduler_flags
 
 # the children's identity, routing and shared pod settings live in naming, routing and
 # pods; builders is their face

@@ -13,8 +13,9 @@ A program's side of these changes (its open calls, stage starts and shares, its 
 :class:`~jitserve.serving.programs.LivePrograms`, which only the lifecycle drives.
 
 It also builds the :class:`~jitserve.scheduling.base.EngineView` a policy plans with,
-applies the policy's :class:`~jitserve.scheduling.base.FramePlan`, refines length bounds
-and expected lengths, and records one :class:`~jitserve.goodput.Outcome` per request and
+applies the policy's :class:`~jitserve.scheduling.base.FramePlan`, has length bounds and
+expected lengths refined (:class:`~jitserve.serving.refinement.BoundRefiner`, at arrival
+and at each frame), and records one :class:`~jitserve.goodput.Outcome` per request and
 per compound program, scored by :mod:`jitserve.goodput`. The engine driving it
 (``jitserve.sim.engine`` with modelled time and KV, ``jitserve.sidecar.dispatcher`` with
 vLLM streams) is an :class:`~jitserve.serving.interface.Executor`: it runs what the
@@ -40,11 +41,11 @@ from jitserve.serving.interface import (
     Executor,
     FrameResult,
     LifecycleStats,
-    RemoteRefine,
     Retired,
 )
 from jitserve.serving.outcomes import request_outcome
 from jitserve.serving.programs import LivePrograms
+from jitserve.serving.refinement import BoundRefiner
 from jitserve.serving.speed import SpeedMeter
 from jitserve.slo import LatencySLO
 
@@ -66,8 +67,8 @@ class Lifecycle:
         self.executor = executor
         self.speed = speed
         self.ledger = ledger or GoodputLedger()
-        self.refine_every = refine_every
-        self.remote_refine: RemoteRefine | None = None
+        self.refiner = BoundRefiner(estimator, refine_every)
+        """Refreshes length bounds (its ``every`` and ``remote`` are the driver's to set)."""
         self.refused: list[Retired] = []
         """What the door retired at the last :meth:`arrive` (empty: it waits)."""
         self.copies: Copies | None = None
@@ -82,7 +83,6 @@ class Lifecycle:
         """Requests (not programs) waiting or running."""
         self._ontime: dict[LiveRequest, int] = {}
         self._last_token_s: dict[LiveRequest, float] = {}
-        self._rescore: dict[LiveRequest, None] = {}  # refined while waiting
         self.door = FirstTokenForecast()
         """The on-time check of latency arrivals (``admission.onTimeQuantile``)."""
         self.max_running = 0
@@ -308,7 +308,7 @@ class Lifecycle:
         r.phase = Phase.WITHDRAWN
         self.live -= 1
         self._ontime.pop(r, None)
-        self._rescore.pop(r, None)
+        self.refiner.forget(r)
         self._forecast.pop(r, None)
 
     def _leave(self, r: LiveRequest) -> bool:
@@ -340,10 +340,9 @@ class Lifecycle:
     def frame(self, now_s: float, max_running: int) -> FrameResult:
         """A scheduling frame: refresh bounds, let the policy plan, apply its plan."""
         self.executor.sync(now_s)
-        self._refine_due()
-        for r in [r for r in self._rescore if r in self.waiting]:
+        self.refiner.refresh_due(self.running)
+        for r in self.refiner.requeue(self.waiting):
             self.policy.enqueue(r, now_s)  # the policy reads a request's state when queued
-        self._rescore.clear()
         view = EngineView(
             now_s,
             max_running,
@@ -368,27 +367,7 @@ class Lifecycle:
     def refine(self, r: LiveRequest, bound: int | None = None, at: int | None = None) -> None:
         """New length bound (the estimator's, or ``bound`` from a remote one, computed at
         ``at`` tokens) and expected length of ``r``."""
-        generated = r.generated if at is None else at
-        computed = self.estimator.bound(r.req, generated) if bound is None else bound
-        r.bound = max(computed, r.generated + 1)
-        r.expected = self.estimator.expected(r.req, generated)
-        r.bound_refined_at = generated
-        if r in self.waiting:  # a remote answer for a request preempted meanwhile
-            self._rescore[r] = None
-
-    def _refine_due(self) -> None:
-        due = [
-            r
-            for r in self.running
-            if r.generated - r.bound_refined_at >= self.refine_every or r.generated >= r.bound
-        ]
-        if not due:
-            return
-        if self.remote_refine is not None:
-            self.remote_refine(due)
-            return
-        for r in due:
-            self.refine(r)
+        self.refiner.refine(r, bound, at, waiting=r in self.waiting)
 
     # ---- outcomes -----------------------------------------------------------------------
     def _record_request(

@@ -42,7 +42,7 @@ class AnalyzerBounds:
 
     def connect(self, client: Analyzer | None) -> None:
         self.client = client
-        self.lifecycle.remote_refine = None if client is None else self._refine
+        self.lifecycle.refiner.remote = None if client is None else self._refine
 
     def arrived(self, r: LiveRequest) -> None:
         """A new request was queued with the local estimator's bound: ask the analyzer

@@ -200,7 +200,7 @@ class Dispatcher:
         estimator = self.lifecycle.estimator
         if isinstance(estimator, QuantileEstimator):
             estimator.quantile = spec.scheduler.length_quantile
-        self.lifecycle.refine_every = spec.scheduler.refine_every
+        self.lifecycle.refiner.every = spec.scheduler.refine_every
         self.report.describe(self.policy)
         self.frames.wake()
 

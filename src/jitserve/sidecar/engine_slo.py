@@ -2,15 +2,15 @@
 
 vLLM forwards a request's ``vllm_xargs`` to its scheduler as ``sampling_params.extra_args``;
 :mod:`jitserve.engine` reads the due time of the dispatch's first token (wall clock: vLLM
-is another process) and the TBT target from them (keys in :mod:`jitserve.scheduling.budget`).
+is another process) and the TBT target from them (keys in :mod:`jitserve.engine.wire`).
 A resumed dispatch is due where the request's own token ``done`` is; a request with no
 per-token target sends TBT 0, so its decodes never shrink the engine's budget.
 """
 
 from __future__ import annotations
 
+from jitserve.engine.wire import DUE_ARG, TBT_ARG
 from jitserve.requests import LiveRequest
-from jitserve.scheduling.budget import DUE_ARG, TBT_ARG
 from jitserve.slo import LatencySLO
 
 

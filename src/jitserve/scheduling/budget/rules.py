@@ -29,7 +29,8 @@ smaller prompt share would only starve prefill (seen live: a CPU vLLM on an over
 machine, 300 ms decode steps against a 100 ms TBT, cut to one prompt token a step).
 The simulator's engine and the in-engine vLLM scheduler (:mod:`jitserve.engine`) both
 call :func:`choose_budget`; the predictor is the calibrated profile in the one and a
-model fitted online from measured step times in the other.
+model fitted online from measured step times in the other. How vLLM is told to load that
+scheduler, and the SLO keys each request carries to it, are :mod:`jitserve.engine.wire`.
 """
 
 from __future__ import annotations
@@ -40,22 +41,7 @@ from dataclasses import dataclass
 
 from jitserve.policy import BudgetRule
 
-DUE_ARG = "jitserve_due_s"
-"""vLLM ``vllm_xargs`` key: wall-clock time (epoch s) the dispatch's first token is due."""
-TBT_ARG = "jitserve_tbt_s"
-"""vLLM ``vllm_xargs`` key: the request's TBT target (0: none, its decodes not protected)."""
-
 __all__ = ["BudgetRule", "DecodeSlack", "Window", "choose_budget", "time_to_budget"]
-
-RULE_ENV = "JITSERVE_ENGINE_BUDGET_RULE"
-"""The environment variable vLLM's engine process reads the in-engine rule from."""
-
-
-def engine_scheduler_flags(async_scheduling: bool = False) -> list[str]:
-    """vLLM's flags that load jitserve's in-engine scheduler (:mod:`jitserve.engine`)."""
-    cls = "AsyncSlidingScheduler" if async_scheduling else "SlidingScheduler"
-    return ["--scheduler-cls", f"jitserve.engine.vllm_scheduler.{cls}"]
-
 
 LATE_SHARE = 0.5
 """A late decode's iterations are held to this share of its TBT (see the module doc)."""
