@@ -19,7 +19,7 @@ def engine_xargs(live: LiveRequest, done: int, now: float, wall_now: float) -> d
     ``now`` (wall clock ``wall_now``)."""
     slo = live.req.slo
     if isinstance(slo, LatencySLO):
-        due, tbt = live.req.arrival_s + slo.ttft_s + done * slo.tbt_s, slo.tbt_s
+        due, tbt = slo.due_s(live.req.arrival_s, done), slo.tbt_s
     else:
         due, tbt = live.deadline_abs_s, 0.0
     return {DUE_ARG: wall_now + (due - now), TBT_ARG: tbt}
