@@ -191,7 +191,7 @@ def make_dispatcher(spec: SLOPolicySpec, batch: int, engine_queue: int = 0
     backend, clock = ScriptedBackend(), Clock()
     d = Dispatcher(backend, spec, SidecarMetrics(), max_running=batch, engine_queue=engine_queue,
                    clock=clock)
-    d.speed = d.lifecycle.speed = d.pacer.speed = frozen()
+    d.speed = d.lifecycle.speed = d.frame_clock.speed = frozen()
     d.lifecycle.ledger = RecordingLedger()
     d.health.ready = True
     return d, backend, clock

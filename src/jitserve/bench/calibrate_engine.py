@@ -57,7 +57,7 @@ TOKEN_IDS = (10, 1000)
 """Prompt token ids are drawn from this range: inside any vocabulary of 1,000 or more."""
 
 
-class Engine:
+class EngineClient:
     """A running vLLM's OpenAI API and metrics."""
 
     def __init__(self, url: str, timeout_s: float = 300.0) -> None:
@@ -153,7 +153,7 @@ def _doubling(low: int, high: int, *, halves: bool) -> list[int]:
     return out
 
 
-def measure(engine: Engine, *, max_running: int, budget: int, decode_tokens: int,
+def measure(engine: EngineClient, *, max_running: int, budget: int, decode_tokens: int,
             repeats: int, tokens: Sequence[int] | None = None, seed: int | None = None,
             progress: Callable[[str], None] = lambda line: None) -> Measurements:
     rng = np.random.default_rng(seed)
@@ -187,7 +187,7 @@ def measure(engine: Engine, *, max_running: int, budget: int, decode_tokens: int
                         engine.kv_capacity_tokens(), cached)
 
 
-def cached_prefills(engine: Engine, prompt: Callable[[int], list[int]], budget: int,
+def cached_prefills(engine: EngineClient, prompt: Callable[[int], list[int]], budget: int,
                     repeats: int) -> list[CachedPrefill]:
     """New tokens after a prefix the cache holds (its prompt sent once first): the attention
     of new over cached tokens. None when the engine does not cache prefixes."""
@@ -257,7 +257,7 @@ def _checked_tokens(args: argparse.Namespace) -> list[int] | None:
 
 def main(args: argparse.Namespace) -> int:
     tokens = _checked_tokens(args)
-    engine = Engine(args.engine)
+    engine = EngineClient(args.engine)
     started = time.monotonic()
     print(f"measuring {engine.model} at {engine.url} (max_model_len {engine.max_model_len})",
           file=sys.stderr)

@@ -16,7 +16,7 @@ order. A broken stream fails that request with an error event and marks the back
 ready; queued requests wait for it to come back. A *forwarded* request (structured
 outputs, tools, logprobs...: :mod:`~jitserve.sidecar.passthrough`) goes to vLLM's own
 endpoint as the client sent it, and is never preempted. Who may enter is
-:mod:`~jitserve.sidecar.admission`; when frames come, :mod:`~jitserve.sidecar.pacing`.
+:mod:`~jitserve.sidecar.admission`; when frames come, :mod:`~jitserve.sidecar.frames`.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from jitserve.sidecar.backend import Backend
 from jitserve.sidecar.bounds import Analyzer, AnalyzerBounds
 from jitserve.sidecar.engine_slo import engine_xargs
 from jitserve.sidecar.errors import APIError, shutting_down, ttl_expired
+from jitserve.sidecar.frames import FrameClock, FrameLoop
 from jitserve.sidecar.health import BackendHealth
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
-from jitserve.sidecar.pacing import FrameLoop, FramePacer
 from jitserve.sidecar.programs import ProgramBook
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.sidecar.streams import ForwardTask, StreamRunner
@@ -104,7 +104,7 @@ class Dispatcher:
         self.health = BackendHealth(backend, self._on_health, interval_s=health_interval_s)
         self.admission = Admission(self.lifecycle, self.health, self.programs, metrics, spec,
                                    max_running)
-        self.pacer = FramePacer(self.speed, min_frame_s, max_frame_s)
+        self.frame_clock = FrameClock(self.speed, min_frame_s, max_frame_s)
         self.frames = FrameLoop(self.frame_s, self.step, clock, min_frame_s * 5)
         self.jobs: dict[LiveRequest, Job] = {}
         self.report = Reporter(metrics)
@@ -175,7 +175,7 @@ class Dispatcher:
 
     # ---- figures ------------------------------------------------------------------------
     def frame_s(self) -> float:
-        return self.pacer.frame_s(self.policy.frame_steps)
+        return self.frame_clock.frame_s(self.policy.frame_steps)
 
     def snapshot(self) -> dict[str, Any]:
         return self.report.snapshot(self.lifecycle, self.spec, self.health, self.speed, {
@@ -376,7 +376,7 @@ class Dispatcher:
     # ---- frames -------------------------------------------------------------------------
     def _frame(self, now: float) -> None:
         self.report.door_margin(self.lifecycle.door.margin_s())
-        self.pacer.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
+        self.frame_clock.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
                            self.max_running)
         result = self.lifecycle.frame(now, self.max_running)
         for gone in result.retired:

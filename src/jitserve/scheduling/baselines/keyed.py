@@ -57,6 +57,19 @@ class KeyInput:
 Keys = Callable[[KeyInput], FloatArray]
 
 
+class Ranker:
+    """A policy's key applied: to the waiting table at a frame, to an arrival alone, to
+    the running requests a preemption compares; demoted requests after everything."""
+
+    def __init__(self, keys: Keys, speeds: KeySpeeds, demoted_key: float) -> None:
+        self.keys, self.speeds, self.demoted_key = keys, speeds, demoted_key
+
+    def ranked(self, features: Features, rows: Sequence[LiveRequest], now_s: float) -> FloatArray:
+        return self.keys(KeyInput(features, rows, now_s, self.speeds)) + np.where(
+            features.demoted, self.demoted_key, 0.0
+        )
+
+
 class KeyedPolicy(StagedPolicy):
     rekey_every_frame = False
     preemptive = False
@@ -68,31 +81,15 @@ class KeyedPolicy(StagedPolicy):
     ) -> None:
         super().__init__(overload)
         self.speeds = KeySpeeds()
+        self.ranker = Ranker(self.keys, self.speeds, self.demoted_key)
         self._now_s = 0.0
-        self._rekey = Rekey(self)
-        self._preempt = PreemptByKey(self)
+        self._rekey = Rekey(self.ranker)
+        self._preempt = PreemptByKey(self.ranker, self.max_preemptions)
         self.configure(spec or SLOPolicySpec())
 
     @abstractmethod
     def keys(self, batch: KeyInput) -> FloatArray:
         """The sort key of each request in ``batch`` (lower runs first)."""
-
-    def rank(self, rs: Sequence[LiveRequest], now_s: float) -> FloatArray:
-        """The keys of ``rs`` (not in the table: running, or one at a time), demoted ones
-        after everything else."""
-        demoted = self.kept.demoted
-        features = features_of(rs, demoted)
-        return self.keys(KeyInput(features, rs, now_s, self.speeds)) + np.where(
-            features.demoted, self.demoted_key, 0.0
-        )
-
-    def table_keys(self, now_s: float) -> FloatArray:
-        """The keys of every waiting request, from the table's columns."""
-        queue = self.queue
-        features = queue.features()
-        return self.keys(KeyInput(features, queue.rows, now_s, self.speeds)) + np.where(
-            features.demoted, self.demoted_key, 0.0
-        )
 
     def profile(self, spec: SLOPolicySpec) -> list[Stage]:
         stages: list[Stage] = []
@@ -112,12 +109,11 @@ class KeyedPolicy(StagedPolicy):
         row = queue.row_of(r)
         assert row is not None
         queue.flags("demoted")[row] = r in self.kept.demoted
-        one = one_row(queue.features(), row)
-        key = self.keys(KeyInput(one, [r], now_s, self.speeds))[0]
-        queue.floats("key")[row] = key + (self.demoted_key if r in self.kept.demoted else 0.0)
+        queue.floats("key")[row] = self.ranker.ranked(one_row(queue.features(), row), [r], now_s)[0]
 
     def priority_of(self, r: LiveRequest) -> float:
-        return -float(self.rank([r], self._now_s)[0])
+        features = features_of([r], self.kept.demoted)
+        return -float(self.ranker.ranked(features, [r], self._now_s)[0])
 
     def frame(self, view: EngineView) -> FramePlan:
         self._now_s = view.now_s
@@ -131,14 +127,15 @@ class Rekey:
 
     name = "rekey"
 
-    def __init__(self, policy: KeyedPolicy) -> None:
-        self.table_keys = policy.table_keys
+    def __init__(self, ranker: Ranker) -> None:
+        self.ranker = ranker
 
     def configure(self, spec: SLOPolicySpec) -> None:
         pass
 
     def run(self, frame: Frame) -> None:
-        frame.queue.set_keys(self.table_keys(frame.now_s))
+        queue = frame.queue
+        queue.set_keys(self.ranker.ranked(queue.features(), queue.rows, frame.now_s))
 
 
 class PreemptByKey:
@@ -147,9 +144,9 @@ class PreemptByKey:
 
     name = "preempt-by-key"
 
-    def __init__(self, policy: KeyedPolicy) -> None:
-        self.rank = policy.rank
-        self.max_preemptions = policy.max_preemptions
+    def __init__(self, ranker: Ranker, max_preemptions: int) -> None:
+        self.ranker = ranker
+        self.max_preemptions = max_preemptions
 
     def configure(self, spec: SLOPolicySpec) -> None:
         pass
@@ -158,7 +155,8 @@ class PreemptByKey:
         running = list(frame.running)
         if len(running) < frame.view.max_running or frame.queue.peek_key() is None:
             return
-        ranks = self.rank(running, frame.now_s).tolist()
+        features = features_of(running, frame.kept.demoted)
+        ranks = self.ranker.ranked(features, running, frame.now_s).tolist()
         worst_first = sorted(range(len(running)), key=ranks.__getitem__, reverse=True)
         waiting = np.sort(frame.queue.floats("key"))[: self.max_preemptions].tolist()
         for i, challenger in zip(worst_first, waiting, strict=False):

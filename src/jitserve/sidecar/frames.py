@@ -28,7 +28,11 @@ from jitserve.sidecar.jobs import Job
 log = logging.getLogger("jitserve.sidecar")
 
 
-class FramePacer:
+class FrameClock:
+    """How long the next frame is: ``frame_steps`` decode steps at the measured speed,
+    clamped (the scheduler's :class:`~jitserve.scheduling.gmax.pacing.PrefillPacer` paces
+    prompts; this only times frames)."""
+
     def __init__(self, speed: SpeedMeter, min_frame_s: float, max_frame_s: float) -> None:
         self.speed = speed
         self.min_frame_s = min_frame_s
