@@ -20,6 +20,7 @@ import pytest
 
 from jitserve.bench.stream import stream_completion
 from jitserve.engine.wire import DUE_ARG, TBT_ARG
+from jitserve.policy import BudgetRule
 from tests.support.sidecar import wait_backend_idle
 from tests.support.vllm import tiny_vllm
 from tests.support.waiting import wait_until
@@ -32,7 +33,7 @@ def greedy_vllm() -> Iterator[tuple[str, Path, Path]]:
     """A private vLLM with the in-engine scheduler on the greedy rule and its step log."""
     steps = Path(tempfile.mkdtemp(prefix="jitserve-engine-sched-")) / "steps.jsonl"
     with tiny_vllm(max_num_seqs=8, extra=["--max-num-batched-tokens", str(MAX_TOKENS)],
-                   engine_rule="greedy", step_log=steps) as engine:
+                   engine_rule=BudgetRule.GREEDY, step_log=steps) as engine:
         yield engine.url, steps, engine.log_path
 
 

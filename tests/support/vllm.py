@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jitserve.devstack import vllm as vl
+from jitserve.policy import BudgetRule
 
 START_TIMEOUT_S = float(os.environ.get("JITSERVE_VLLM_START_TIMEOUT", "900"))
 SLOTS = 16
@@ -43,7 +44,8 @@ class TinyVLLM:
 
 
 def start_tiny_vllm(*, max_num_seqs: int = SLOTS, max_model_len: int = CONTEXT,
-                    extra: list[str] | None = None, engine_rule: str | None = None,
+                    extra: list[str] | None = None,
+                    engine_rule: BudgetRule = BudgetRule.FIXED,
                     step_log: Path | None = None, port: int | None = None) -> TinyVLLM:
     """A real vLLM on a free loopback port, with the tool-call flags ``jitserve up``
     passes, once it answers /health; with ``engine_rule``, jitserve's in-engine scheduler

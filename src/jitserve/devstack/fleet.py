@@ -98,8 +98,8 @@ def start_engines(args: argparse.Namespace, stack: Children,
             python, model, port, dummy=not args.real_weights or args.model is None,
             max_num_seqs=shape.max_num_seqs, extra=[*vl.tool_flags(args.tool_call_parser),
                                                     *vl.reasoning_flags(args.reasoning_parser)],
-            engine_rule=args.engine_scheduler),
-            env=vl.engine_scheduler_env(args.engine_scheduler), engine_nice=args.vllm_nice)
+            engine_rule=args.budget_rule),
+            env=vl.engine_scheduler_env(args.budget_rule), engine_nice=args.vllm_nice)
         cores = engine_cores(i, args.replicas, args.engine_cores)
         if cores:  # at once: it is still importing, before its engine process and threads
             os.sched_setaffinity(proc.pid, cores)

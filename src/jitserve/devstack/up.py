@@ -44,6 +44,7 @@ from jitserve.policy import (
     MAX_NUM_SEQS,
     ArgsError,
     BatchShape,
+    BudgetRule,
     PolicyError,
     SLOPolicySpec,
     dump_policy_yaml,
@@ -98,9 +99,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--engine-queue", type=int, default=None,
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
                    "(default: the policy's sidecar.engineQueue, else B/2, at least 2)")
-    p.add_argument("--engine-scheduler", choices=("none", *vl.ENGINE_RULES), default="none",
-                   help="load jitserve's in-engine scheduler into vLLM with this budget rule "
-                        "(per-step token budget from the decodes' TBT slack; default: none)")
+    p.add_argument("--budget-rule", "--engine-scheduler", dest="budget_rule",
+                   choices=vl.ENGINE_RULES, default=None,
+                   help="vLLM's per-step token budget: fixed (vLLM's own) or greedy/sliding "
+                   "(jitserve's in-engine scheduler, from the decodes' TBT slack); default: "
+                   "the policy's scheduler.budgetRule, as the operator reads it")
     p.add_argument("--no-analyzer", action="store_true", help="do not start the analyzer")
     p.add_argument("--analyzer-port", type=int, default=50051, help="the analyzer's gRPC port")
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
@@ -204,6 +207,17 @@ def up_batch_shape(config: Path, max_num_seqs: int | None,
         raise _cli_error(f"{config}: {err}") from err
 
 
+def up_budget_rule(config: Path, flag: str | None) -> BudgetRule:
+    """The budget rule vLLM runs with: the flag, else the policy's (one default: the
+    SLOPolicy's, which the operator reads too)."""
+    if flag is not None:
+        return BudgetRule(flag)
+    try:
+        return load_policy_file(config).scheduler.budget_rule
+    except PolicyError as err:
+        raise _cli_error(f"{config}: {err}") from err
+
+
 def main(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("aiohttp") is None:
         raise _cli_error("jitserve up needs the sidecar extra: pip install 'jitserve[sidecar]'")
@@ -220,6 +234,7 @@ def main(args: argparse.Namespace) -> int:
     check_ports(planned_ports(args))  # before vLLM's minute of start-up, not after
     check_disk(vl.cache_dir(), UP_DISK_NEEDED, "jitserve up")
     shape = up_batch_shape(config, args.max_num_seqs, args.engine_queue)
+    args.budget_rule = up_budget_rule(config, args.budget_rule)
     stack = Stack(log_dir)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"jitserve up: logs in {log_dir}", flush=True)
@@ -236,8 +251,8 @@ def main(args: argparse.Namespace) -> int:
                 python, model, args.vllm_port, dummy=not args.real_weights or args.model is None,
                 max_num_seqs=shape.max_num_seqs, extra=[*vl.tool_flags(args.tool_call_parser),
                                                         *vl.reasoning_flags(args.reasoning_parser)],
-                engine_rule=args.engine_scheduler),
-                env=vl.engine_scheduler_env(args.engine_scheduler), engine_nice=args.vllm_nice)
+                engine_rule=args.budget_rule),
+                env=vl.engine_scheduler_env(args.budget_rule), engine_nice=args.vllm_nice)
             print(f"  waiting for vLLM on {backend} (first start compiles; a minute or two)",
                   flush=True)
             _wait_ready(stack, f"{backend}/health", vllm_proc, args.timeout)

@@ -66,7 +66,7 @@ def ensure_tiny_model(path: Path | None = None, python: Path | None = None) -> P
 def vllm_command(python: Path, model: Path | str, port: int, *, host: str = "127.0.0.1",
                  served_name: str = tinymodel.MODEL_NAME, dummy: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048,
-                 extra: list[str] | None = None, engine_rule: str | None = None,
+                 extra: list[str] | None = None, engine_rule: BudgetRule = BudgetRule.FIXED,
                  ) -> list[str]:
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -86,24 +86,23 @@ ENGINE_RULES = tuple(r.value for r in BudgetRule)
 """Budget rules of the in-engine scheduler (:class:`jitserve.policy.BudgetRule`)."""
 
 
-def engine_scheduler_flags(rule: str | None, async_scheduling: bool = False) -> list[str]:
-    """vLLM's flags that load jitserve's in-engine scheduler (none for ``None``/``none``);
-    its rule travels in the environment (:func:`engine_scheduler_env`)."""
-    if not rule or rule == "none":
+def engine_scheduler_flags(rule: BudgetRule, async_scheduling: bool = False) -> list[str]:
+    """vLLM's flags that load jitserve's in-engine scheduler (none for ``fixed``: vLLM's
+    own budget, as the operator does); its rule travels in the environment
+    (:func:`engine_scheduler_env`)."""
+    if rule is BudgetRule.FIXED:
         return []
-    if rule not in ENGINE_RULES:
-        raise ValueError(f"unknown engine budget rule {rule!r}; one of {', '.join(ENGINE_RULES)}")
     return wire.engine_scheduler_flags(async_scheduling)
 
 
-def engine_scheduler_env(rule: str | None, step_log: Path | None = None) -> dict[str, str]:
+def engine_scheduler_env(rule: BudgetRule, step_log: Path | None = None) -> dict[str, str]:
     """The environment vLLM's engine reads the rule from, with this jitserve's source on
     ``PYTHONPATH`` (first, so a ``.pth`` from another clone's setup-vllm.sh loses)."""
-    if not rule or rule == "none":
+    if rule is BudgetRule.FIXED:
         return {}
     src = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
-    env = {wire.RULE_ENV: rule, "PYTHONPATH": path}
+    env = {wire.RULE_ENV: rule.value, "PYTHONPATH": path}
     if step_log is not None:
         env["JITSERVE_ENGINE_STEP_LOG"] = str(step_log)
     return env

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from jitserve.engine.wire import DUE_ARG, RULE_ENV, TBT_ARG
+from jitserve.policy import SchedulerSettings
 from jitserve.scheduling.budget import BudgetRule, DecodeSlack, choose_budget
 from jitserve.scheduling.estimators.step_model import OnlineStepModel
 
@@ -74,7 +75,8 @@ class BudgetSteps:
     def from_env(most: int, env: Mapping[str, str] | None = None) -> BudgetSteps:
         env = os.environ if env is None else env
         path = env.get("JITSERVE_ENGINE_STEP_LOG")
-        return BudgetSteps(BudgetRule(env.get(RULE_ENV, "sliding")), most,
+        rule = env.get(RULE_ENV, SchedulerSettings().budget_rule.value)  # one default
+        return BudgetSteps(BudgetRule(rule), most,
                            ttft_s=float(env.get("JITSERVE_ENGINE_TTFT_S", "2.0")),
                            tbt_s=float(env.get("JITSERVE_ENGINE_TBT_S", "0.1")),
                            log=open(path, "a", buffering=1) if path else None)
