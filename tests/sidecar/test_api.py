@@ -11,6 +11,7 @@ from jitserve.scheduling.registry import make_policy
 from jitserve.sidecar.api import parse_request, resolve_slo
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
 from jitserve.sidecar.errors import APIError
+from jitserve.sidecar.server import simulator_only
 from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO, SLOKind
 
 DEFAULTS = load_policy(
@@ -271,3 +272,9 @@ def test_requests_without_slo_fields_get_the_tenants_default_class() -> None:
     problems = load_policy({"model": {"name": "m"}, "sloDefaults": {"defaultClass": "nope"}}
                            ).cross_field_problems()
     assert problems == ["sloDefaults.defaultClass: 'nope' is not in sloDefaults.classes"]
+
+
+def test_a_simulator_only_setting_is_said_in_the_log_not_silently_ignored() -> None:
+    assert simulator_only(SLOPolicySpec()) == []
+    said = simulator_only(load_policy({"scheduler": {"batchConstructor": True}}))
+    assert len(said) == 1 and "batchConstructor" in said[0]

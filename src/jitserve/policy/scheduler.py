@@ -186,6 +186,8 @@ class SchedulerSettings(_Model):
         description=(
             "SlidingServe's BatchConstructor: when the full batch would make a prefill miss"
             " its first token, run an anchored knapsack subset of the prefills instead."
+            " Simulator only (jitserve bench): the in-engine vLLM scheduler does not"
+            " construct batches yet, and a live pod reports the field in its log."
         ),
     )
     mechanisms: MechanismSettings = Field(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -168,15 +168,6 @@ class WaitingTable:
         self._i = np.zeros((len(INT_COLUMNS), capacity), dtype=np.int64)
 
     # ---- columns ------------------------------------------------------------------------
-    def column(self, name: str) -> npt.NDArray[np.generic]:
-        """A view of column ``name`` over the current rows (writes go to the table)."""
-        n = len(self.rows)
-        if name in FLOAT_COLUMNS:
-            return self._f[FLOAT_COLUMNS.index(name), :n]
-        if name in BOOL_COLUMNS:
-            return self._b[BOOL_COLUMNS.index(name), :n]
-        return self._i[INT_COLUMNS.index(name), :n]
-
     def floats(self, name: str) -> FloatArray:
         return self._f[FLOAT_COLUMNS.index(name), : len(self.rows)]
 
@@ -293,10 +284,6 @@ class WaitingTable:
             self.remove(r)
         return r
 
-    def members(self) -> list[LiveRequest]:
-        """The waiting requests in row order (that of every column)."""
-        return list(self.rows)
-
     def head(self, n: int) -> list[LiveRequest]:
         """The first ``n`` requests in queue order."""
         count = len(self.rows)
@@ -308,15 +295,6 @@ class WaitingTable:
     def set_keys(self, keys: FloatArray | Sequence[float]) -> None:
         """New keys for every row, in row order."""
         self._f[11, : len(self.rows)] = keys
-
-    def rebuild(self, keyed: Iterable[tuple[float, LiveRequest]]) -> None:
-        """Keep exactly the requests in ``keyed``, with these keys."""
-        pairs = list(keyed)
-        keep = {r for _, r in pairs}
-        for r in [r for r in self.rows if r not in keep]:
-            self.remove(r)
-        for key, r in pairs:
-            self.push(r, key)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -58,6 +58,15 @@ from jitserve.sidecar.vllm_routes import TenantGate, add_vllm_routes
 
 log = logging.getLogger("jitserve.sidecar")
 
+
+def simulator_only(spec: SLOPolicySpec) -> list[str]:
+    """What ``spec`` asks that a live pod does not do (the simulator does): said in the
+    log at start and on every reload, so a setting never does nothing silently."""
+    if not spec.scheduler.batch_constructor:
+        return []
+    return ["scheduler.batchConstructor is on, but only jitserve bench's simulator builds "
+            "batches with it: this pod's vLLM schedules its own batches"]
+
 CLOSE_S = 1.0
 """The end of the drain reserved for ending open requests with an error and closing."""
 HANDLER_GRACE_S = 0.5
@@ -108,7 +117,7 @@ class SidecarServer:
             engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer,
             min_frame_s=settings.min_frame_s, max_frame_s=settings.max_frame_s,
             health_interval_s=settings.health_interval_s)
-        self.dispatcher.apply_spec(self.watcher.spec)
+        self._apply(self.watcher.spec)
         self.metrics.built(settings.policy_name, self.spec.scheduler.policy)
         self._update_tenants()
         self.completion_routes = CompletionRoutes(settings, self.keys, self.dispatcher,
@@ -166,8 +175,13 @@ class SidecarServer:
         if current is None or spec.scheduler.policy != current.spec.scheduler.policy:
             self._policy_factory(spec)
 
-    def _on_spec(self, spec: SLOPolicySpec) -> None:
+    def _apply(self, spec: SLOPolicySpec) -> None:
         self.dispatcher.apply_spec(spec)
+        for warning in simulator_only(spec):
+            log.warning("%s", warning)
+
+    def _on_spec(self, spec: SLOPolicySpec) -> None:
+        self._apply(spec)
         self.metrics.built(self.settings.policy_name, spec.scheduler.policy)
         self.keys.rebuild(spec)
         self._update_tenants()

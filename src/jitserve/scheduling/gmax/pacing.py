@@ -87,10 +87,6 @@ class PrefillPacer:
         self._last_s = now_s
         return self._bucket
 
-    def allows(self, now_s: float, tokens: int) -> bool:
-        """May a prompt of ``tokens`` start now?"""
-        return self.budget(now_s, tokens) >= tokens
-
     def started(self, tokens: int) -> None:
         self._bucket -= tokens
         self._started_tokens += tokens
