@@ -53,7 +53,7 @@ def test_a_request_started_on_one_replica_vanishes_from_the_others() -> None:
     binder = LateBinder(engines)
     req = Request("r0", "t", DeadlineSLO(30.0), 400, 0.0, output_tokens=50)
     copies = binder.submit(req)
-    assert [e.lifecycle.waiting for e in engines] == [{c: None} for c in copies]
+    assert [e.lifecycle.waiting for e in engines] == [[c] for c in copies]
     assert all(e.policy.waiting() == 1 and e.live == 1 for e in engines)
     advance_in_step(engines, 0.001)  # the first fill starts it
     running = [c for c in copies if c.phase is Phase.RUNNING]

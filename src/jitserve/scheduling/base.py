@@ -105,6 +105,14 @@ class Policy(ABC):
     def waiting(self) -> int:
         """How many requests wait."""
 
+    @abstractmethod
+    def waiting_requests(self) -> list[LiveRequest]:
+        """The waiting requests, in the order they came to wait (the queue is theirs)."""
+
+    @abstractmethod
+    def is_waiting(self, r: LiveRequest) -> bool:
+        """Is ``r`` in the queue?"""
+
     def ahead_of(self, r: LiveRequest) -> int:
         """How many waiting requests the policy would start before ``r`` (default: all
         the others)."""

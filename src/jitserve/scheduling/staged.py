@@ -80,6 +80,12 @@ class StagedPolicy(Policy):
     def waiting(self) -> int:
         return len(self.queue)
 
+    def waiting_requests(self) -> list[LiveRequest]:
+        return self.queue.in_arrival_order()
+
+    def is_waiting(self, r: LiveRequest) -> bool:
+        return r in self.queue
+
     def ahead_of(self, r: LiveRequest) -> int:
         return self.queue.ahead_of(r)
 

@@ -284,6 +284,11 @@ class WaitingTable:
             self.remove(r)
         return r
 
+    def in_arrival_order(self) -> list[LiveRequest]:
+        """Every waiting request in the order it was (first) pushed."""
+        order = np.argsort(self._i[3, : len(self.rows)], kind="stable")
+        return [self.rows[i] for i in order.tolist()]
+
     def head(self, n: int) -> list[LiveRequest]:
         """The first ``n`` requests in queue order."""
         count = len(self.rows)

@@ -77,8 +77,6 @@ class Lifecycle:
         self.programs = LivePrograms(stage_share or UniformStageShare())
         self.running: dict[LiveRequest, None] = {}
         """Running requests in the order they started."""
-        self.waiting: dict[LiveRequest, None] = {}
-        """Waiting requests (their order is the policy's)."""
         self.live = 0
         """Requests (not programs) waiting or running."""
         self._ontime: dict[LiveRequest, int] = {}
@@ -89,6 +87,12 @@ class Lifecycle:
         """B, for the door's forecast (set by the driver; 0: no door check)."""
         self._forecast: dict[LiveRequest, tuple[float, float]] = {}
         """Latency arrivals waiting for their first token: (forecast s, arrived at)."""
+
+    @property
+    def waiting(self) -> list[LiveRequest]:
+        """The waiting requests, in the order they came to wait; the policy's queue is
+        their one owner (and their order of service is the policy's)."""
+        return self.policy.waiting_requests()
 
     # ---- arrivals ---------------------------------------------------------------------
     def open_program(self, program: Program) -> LiveProgram:
@@ -125,7 +129,6 @@ class Lifecycle:
         self.live += 1
         if program is not None:
             self.programs.joined(program, r)
-        self.waiting[r] = None
         self.policy.enqueue(r, now_s)
         self._at_door(r, now_s)
         return r
@@ -156,7 +159,6 @@ class Lifecycle:
         if r is None:
             return None
         assert r.phase is Phase.WAITING, f"{r.req.request_id} started while {r.phase.value}"
-        del self.waiting[r]
         r.phase = Phase.RUNNING
         if r.started_s is None:
             r.started_s = now_s
@@ -254,7 +256,6 @@ class Lifecycle:
         r.preemptions += 1
         r.phase = Phase.WAITING
         self.stats.preemptions += 1
-        self.waiting[r] = None
         self.policy.enqueue(r, now_s)
 
     def retire(self, r: LiveRequest, reason: RetireReason, now_s: float) -> list[Retired]:
@@ -304,7 +305,6 @@ class Lifecycle:
         assert r.phase is Phase.WAITING, f"withdrawing {r.req.request_id} while {r.phase.value}"
         assert r.program is None, "a compound call is never copied"
         self.policy.remove(r)
-        del self.waiting[r]
         r.phase = Phase.WITHDRAWN
         self.live -= 1
         self._ontime.pop(r, None)
@@ -315,7 +315,6 @@ class Lifecycle:
         """Take a waiting or running ``r`` out; False if it already left."""
         if r.phase is Phase.WAITING:
             self.policy.remove(r)
-            del self.waiting[r]
         elif r.phase is Phase.RUNNING:
             self.executor.stop(r)
             del self.running[r]
@@ -331,7 +330,7 @@ class Lifecycle:
 
     def switch_policy(self, policy: Policy, now_s: float) -> None:
         """Hot reload to another scheduler: the waiting requests move to it."""
-        for r in self.waiting:
+        for r in self.policy.waiting_requests():
             self.policy.remove(r)
             policy.enqueue(r, now_s)
         self.policy = policy
@@ -341,7 +340,7 @@ class Lifecycle:
         """A scheduling frame: refresh bounds, let the policy plan, apply its plan."""
         self.executor.sync(now_s)
         self.refiner.refresh_due(self.running)
-        for r in self.refiner.requeue(self.waiting):
+        for r in self.refiner.requeue(self.policy.is_waiting):
             self.policy.enqueue(r, now_s)  # the policy reads a request's state when queued
         view = EngineView(
             now_s,
@@ -367,7 +366,7 @@ class Lifecycle:
     def refine(self, r: LiveRequest, bound: int | None = None, at: int | None = None) -> None:
         """New length bound (the estimator's, or ``bound`` from a remote one, computed at
         ``at`` tokens) and expected length of ``r``."""
-        self.refiner.refine(r, bound, at, waiting=r in self.waiting)
+        self.refiner.refine(r, bound, at, waiting=self.policy.is_waiting(r))
 
     # ---- outcomes -----------------------------------------------------------------------
     def _record_request(

@@ -12,7 +12,7 @@ frame and when a copy is withdrawn. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Iterable
 
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.estimators import LengthEstimator
@@ -55,9 +55,9 @@ class BoundRefiner:
         for r in due:
             self.refine(r, None, None, waiting=False)
 
-    def requeue(self, waiting: Collection[LiveRequest]) -> list[LiveRequest]:
+    def requeue(self, waiting: Callable[[LiveRequest], bool]) -> list[LiveRequest]:
         """The requests refined while waiting that still wait, to queue again (once)."""
-        again = [r for r in self._requeue if r in waiting]
+        again = [r for r in self._requeue if waiting(r)]
         self._requeue.clear()
         return again
 

@@ -206,9 +206,10 @@ class ReplicaReporter:
         running = min(in_engine, b)
         by_kind: dict[SLOKind, int] = collections.Counter()
         prefill = output = 0
-        for r in life.waiting:
+        waiting_requests = life.waiting
+        for r in waiting_requests:
             by_kind[r.req.kind] += 1
-        for r in (*life.running, *life.waiting):  # as the simulator's reports count them
+        for r in (*life.running, *waiting_requests):  # as the simulator's reports count them
             prefill += max(r.prefill_target - r.prefilled, 0)
             output += max(int(r.expected or r.bound) - r.generated, 0)
         waiting = policy.waiting() + (in_engine - running)
