@@ -101,6 +101,19 @@ BROKEN: dict[str, tuple[dict[str, Any], bool]] = {
         serving({"fairness": {"tenants": [{"name": "a", "defaultClass": "nope"}]}}),
         True,
     ),
+    "tenant-classes": (
+        serving({"fairness": {"tenants": [{"name": "a", "classes": ["nope"]}]}}),
+        True,
+    ),
+    "tenant-default-outside-its-classes": (
+        serving({
+            "sloDefaults": {"classes": [
+                {"name": "i", "kind": "deadline", "deadlineSeconds": 9},
+                {"name": "j", "kind": "deadline", "deadlineSeconds": 9}]},
+            "fairness": {"tenants": [{"name": "a", "classes": ["i"], "defaultClass": "j"}]},
+        }),
+        True,
+    ),
     "latency-class": (
         serving({"sloDefaults": {"classes": [{"name": "i", "kind": "latency", "ttftSeconds": 1}]}}),
         True,

@@ -28,6 +28,7 @@ from jitserve.policy.batch import (
     flag_value,
     parallel_args,
 )
+from jitserve.policy.contract import BeyondContract, ClaimBounds
 from jitserve.policy.pod import PodSettings
 from jitserve.policy.scheduler import (
     BudgetRule,
@@ -76,7 +77,9 @@ __all__ = [
     "ArgsError",
     "Attainment",
     "BatchShape",
+    "BeyondContract",
     "BudgetRule",
+    "ClaimBounds",
     "Condition",
     "ConditionType",
     "CutoffMode",

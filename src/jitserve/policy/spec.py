@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError
 
 from jitserve.policy.base import DNSLabel, Seconds, cel
 from jitserve.policy.base import SpecModel as _Model
+from jitserve.policy.contract import BeyondContract, ClaimBounds
 from jitserve.policy.pod import PodSettings, pod_problems, pod_webhook_problems
 from jitserve.policy.scheduler import Objective, SchedulerSettings
 from jitserve.policy.serving import IngressSpec, ModelSpec, ReportingSettings, SidecarSpec
@@ -48,6 +49,15 @@ class TenantSpec(_Model):
         default=None,
         description="SLO class of this tenant's requests that carry no SLO fields.",
     )
+    classes: list[DNSLabel] | None = Field(
+        default=None, max_length=100,
+        description="The SLO classes this tenant may ask for (absent: any class).",
+    )
+    tightest: ClaimBounds | None = Field(
+        default=None,
+        description="The tightest targets this tenant may claim (absent: no bound); a claim "
+        "beyond them is clamped or refused (fairness.beyondContract).",
+    )
 
 
 class FairnessSettings(_Model):
@@ -64,6 +74,15 @@ class FairnessSettings(_Model):
     window_seconds: Seconds = Field(
         default=60.0, description="Horizon of the service each tenant received."
     )
+    beyond_contract: BeyondContract = Field(
+        default=BeyondContract.CLAMP,
+        description="A claim past a tenant's tightest bounds: clamp (served at the bound) "
+        "or refuse (403 naming the field); either is counted per tenant.",
+    )
+
+    def tenant(self, name: str) -> TenantSpec | None:
+        """The tenant's entry (None: an unlisted tenant: weight 1, no contract bounds)."""
+        return next((spec for spec in self.tenants if spec.name == name), None)
 
     def weight_of(self, tenant: str) -> float:
         for spec in self.tenants:
@@ -148,6 +167,16 @@ class SLOPolicySpec(_Model):
             "fairness.tenants[].defaultClass: not in sloDefaults.classes",
         ),
         (
+            "self.fairness.tenants.all(t, !has(t.classes) || t.classes.all(n, "
+            "self.sloDefaults.classes.exists(c, c.name == n)))",
+            "fairness.tenants[].classes: not in sloDefaults.classes",
+        ),
+        (
+            "self.fairness.tenants.all(t, !has(t.classes) || !has(t.defaultClass) || "
+            "t.defaultClass in t.classes)",
+            "fairness.tenants[].defaultClass: not in the tenant's classes",
+        ),
+        (
             "self.model.volumeMounts.all(m, m.name == 'cache' || "
             "self.pod.volumes.exists(v, v.name == m.name))",
             "model.volumeMounts[].name: no such volume in pod.volumes",
@@ -219,6 +248,14 @@ class SLOPolicySpec(_Model):
             *((f"fairness.tenants[{i}].defaultClass", tenant.default_class)
               for i, tenant in enumerate(self.fairness.tenants)),
         ]
+        for i, tenant in enumerate(self.fairness.tenants):
+            allowed = tenant.classes
+            if allowed is None:
+                continue
+            defaults += [(f"fairness.tenants[{i}].classes", name) for name in allowed]
+            if tenant.default_class is not None and tenant.default_class not in allowed:
+                problems.append(f"fairness.tenants[{i}].defaultClass: "
+                                f"{tenant.default_class!r} is not in the tenant's classes")
         for path, wanted in defaults:
             if wanted is not None and wanted not in classes:
                 problems.append(f"{path}: {wanted!r} is not in sloDefaults.classes")

@@ -146,6 +146,9 @@ class ParsedRequest:
     queue_ttl_s: float | None = None
     """How long it may wait before it is sent to the engine (``x-llm-d-inference-ttl``);
     None: the policy's ``admission.maxWaitingSeconds`` alone."""
+    asked_class: tuple[str, str] | None = None
+    """The SLO class the client asked for and where (body field or header); None: none
+    asked (a default class applies)."""
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -209,6 +212,12 @@ def _class_of(body: SLOBody, headers: Mapping[str, str]) -> tuple[str | None, st
         if value:
             return value, name
     return None, "slo.class"
+
+
+def asked_class(body: SLOBody | None, headers: Mapping[str, str]) -> tuple[str, str] | None:
+    """(the SLO class the client asked for, the field or header it came in), if any."""
+    name, param = _class_of(body or SLOBody.model_validate({}), headers)
+    return None if name is None else (name, param)
 
 
 def resolve_slo(
@@ -356,6 +365,6 @@ def parse_request(
         slo_class=slo_class, app=body.app or endpoint, program=program,
         return_token_ids=body.return_token_ids,
         forward=forward_body(raw) if forwarded else None, n=choices(raw),
-        queue_ttl_s=hdr.queue_ttl_s(headers),
+        queue_ttl_s=hdr.queue_ttl_s(headers), asked_class=asked_class(body.slo, headers),
     )
 

@@ -28,13 +28,15 @@ import time
 
 from aiohttp import web
 
+from jitserve.policy import SLOPolicySpec
 from jitserve.requests import Request
 from jitserve.sidecar import intake, passthrough, request_ids, responses
 from jitserve.sidecar.access_log import JOB_KEY
 from jitserve.sidecar.api import Endpoint, ParsedRequest, parse_request
+from jitserve.sidecar.claims import hold_to_contract
 from jitserve.sidecar.config import SidecarSettings, TenantKeys
 from jitserve.sidecar.dispatcher import Dispatcher
-from jitserve.sidecar.errors import bad_request
+from jitserve.sidecar.errors import APIError, bad_request
 from jitserve.sidecar.jobs import EventKind, Job
 from jitserve.sidecar.prompts import PromptReader, served_model
 from jitserve.slo import SLOError
@@ -58,6 +60,19 @@ class CompletionRoutes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
 
+    def _held_to_contract(self, parsed: ParsedRequest, tenant: str,
+                          spec: SLOPolicySpec) -> ParsedRequest:
+        """``parsed`` as the tenant's contract allows it; every claim beyond it counted."""
+        counter = self.dispatcher.report.metrics.claims_beyond_contract
+        try:
+            held, clamped = hold_to_contract(parsed, tenant, spec.fairness)
+        except APIError as err:
+            counter.labels(tenant, err.param or "slo", "refused").inc()
+            raise
+        for field in clamped:
+            counter.labels(tenant, field, "clamped").inc()
+        return held
+
     async def _submit(self, request: web.Request,
                       endpoint: Endpoint) -> tuple[Job, ParsedRequest]:
         arrival = time.monotonic()
@@ -69,6 +84,7 @@ class CompletionRoutes:
                                spec.fairness.default_class_of(tenant), spec.limits,
                                forward_chat=self.settings.reasoning_parser is not None)
         d = self.dispatcher
+        parsed = self._held_to_contract(parsed, tenant, spec)
         d.admission.check_open()
         d.admission.check_program_room(parsed.program, tenant)
         model = served_model(parsed, d.models)

@@ -131,6 +131,10 @@ class SidecarMetrics:
             "embeddings, pooling, score, rerank...), passed through unscheduled, by answer.",
             ["tenant", "route", "code"], registry=r), self)
 
+        self.claims_beyond_contract = TenantFamily(Counter(
+            "jitserve_slo_claims_beyond_contract", "SLO claims past the tenant's contract "
+            "(fairness.tenants[].classes / tightest), by request field and what was done "
+            "(clamped, refused).", ["tenant", "field", "action"], registry=r), self)
         self.prompt_tokens = TenantFamily(Counter(
             "jitserve_prompt_tokens", "Prompt tokens of the requests that ended.",
             ["tenant", "model_name"], registry=r), self)
