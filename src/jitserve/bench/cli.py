@@ -269,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
         "replica_speeds": list(fleet.speeds),
         "report_period_s": fleet.report_period_s,
     }
-    _write(Path(args.out), meta, rows)
+    _write(Path(args.out), meta, rows, spec)
     return 0
 
 
@@ -286,9 +286,11 @@ def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
     return tuple(overrides)
 
 
-def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]],
+           spec: SLOPolicySpec) -> None:
     from jitserve.bench import report
     from jitserve.bench.save_result import write_runs
+    from jitserve.bench.tenants import tenants_markdown
 
     out.mkdir(parents=True, exist_ok=True)
     summary = report.summarize(rows)
@@ -296,9 +298,13 @@ def _write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         json.dumps({"meta": meta, "runs": rows, "summary": summary}, indent=2)
     )
     ratios = placement_ratios_markdown(summary) or report.ratios_markdown(summary)
-    (out / "report.md").write_text(report.markdown(summary) + "\n\n" + ratios + "\n")
+    tenants = tenants_markdown(summary, spec.fairness.weight_of)
+    (out / "report.md").write_text(
+        "\n\n".join(x for x in (report.markdown(summary), ratios, tenants) if x) + "\n")
     print(report.table(summary))
     print(ratios)
+    if tenants:
+        print(tenants)
     try:
         for path in report.plots(summary, out):
             print(f"wrote {path}")

@@ -20,6 +20,7 @@ window (:func:`jitserve.sim.workload.window_offset`), so every cell samples
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from jitserve.bench import report
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix_report import acceptance, attainment_gaps, markdown
 from jitserve.bench.runner import UPPER_BOUND, Cell, admission_controlled, cell_profile, run_cells
+from jitserve.bench.tenants import tenant_fairness
 from jitserve.bench.variants import policy_names
 from jitserve.policy import Objective, SLOPolicySpec
 from jitserve.sim.workload import WorkloadSpec, parse_mix, parse_tenant_mix
@@ -169,6 +171,8 @@ def tenant_shares(
             continue
         weights = {t: spec.fairness.weight_of(t) for t in by_tenant}
         _, demand = parse_tenant_mix(entry["scenario"].split("tenants ")[1])
+        figures = tenant_fairness(entry, spec.fairness.weight_of)
+        max_min = {r["tenant"]: r["max_min_share"] for r in figures[0]} if figures else {}
         for (tenant, tokens), wanted in zip(sorted(by_tenant.items()), demand, strict=False):
             rows.append(
                 {
@@ -178,7 +182,9 @@ def tenant_shares(
                     "tenant": tenant,
                     "demand_share": wanted,
                     "entitlement": weights[tenant] / sum(weights.values()),
+                    "max_min_share": max_min.get(tenant, math.nan),
                     "goodput_share": tokens / total,
+                    "jain_index": figures[1] if figures else math.nan,
                 }
             )
     return rows

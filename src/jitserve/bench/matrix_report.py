@@ -132,13 +132,15 @@ def markdown(
     ]
     if shares:
         rows = [
-            "| scenario | load | policy | tenant | demand | entitlement | goodput share |",
-            "|---|---|---|---|---|---|---|",
+            "| scenario | load | policy | tenant | demand | entitlement | max-min share "
+            "| goodput share | Jain's index |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for s in shares:
             rows.append(
                 f"| {s['scenario']} | {s['load']:.2f} | {s['policy']} | {s['tenant']} | "
-                f"{s['demand_share']:.2f} | {s['entitlement']:.2f} | {s['goodput_share']:.3f} |"
+                f"{s['demand_share']:.2f} | {s['entitlement']:.2f} | "
+                f"{s['max_min_share']:.3f} | {s['goodput_share']:.3f} | {s['jain_index']:.3f} |"
             )
         parts.append("\n".join(rows))
     parts.append(

@@ -47,10 +47,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for metric in ("ttft_s", "tbt_s", "e2el_s"):
             entry[metric] = {q: _mean([r[metric][q] for r in group]) for q in ("p50", "p99")}
-        tenants = sorted({t for r in group for t in r.get("goodput_tokens_by_tenant", {})})
-        entry["goodput_tokens_by_tenant"] = {
-            t: _mean([r["goodput_tokens_by_tenant"].get(t, 0) for r in group]) for t in tenants
-        }
+        tenants = sorted({t for r in group for field in ("goodput_tokens_by_tenant",
+                                                         "demand_tokens_by_tenant")
+                          for t in r.get(field, {})})
+        for field in ("goodput_tokens_by_tenant", "demand_tokens_by_tenant"):
+            entry[field] = {t: _mean([r.get(field, {}).get(t, 0) for r in group])
+                            for t in tenants}
         summary.append(entry)
     return summary
 

@@ -26,7 +26,7 @@ from jitserve.sim.cluster import run_placed
 from jitserve.sim.engine import Engine
 from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile, load_profile
-from jitserve.sim.workload import WorkloadSpec, generate
+from jitserve.sim.workload import WorkloadSpec, generate, offered_tokens_by_tenant
 
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
@@ -157,6 +157,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
         "goodput_tokens_by_tenant": {
             k: t.goodput_tokens for k, t in sorted(ledger.by_tenant.items())
         },
+        "demand_tokens_by_tenant": offered_tokens_by_tenant(generate(workload)),
         "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
         / max(stats.busy_s, 1e-9),
         "output_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),

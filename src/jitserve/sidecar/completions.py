@@ -121,6 +121,7 @@ class CompletionRoutes:
                              forward_path=passthrough.path_of(parsed),
                              queue_ttl_s=parsed.queue_ttl_s)
         events.on_overflow = lambda: d.cancel(job)
+        d.report.metrics.fairness.asked(tenant, req.prompt_tokens + (req.max_tokens or 0))
         return job, parsed
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:

@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from jitserve import __version__
 from jitserve.requests import Request
 from jitserve.sidecar.attainment import AttainmentWindow
+from jitserve.sidecar.fairness_window import FairnessWindow
 
 OUTCOMES = ("met", "missed", "retired", "cancelled", "ttl_expired", "error")
 
@@ -80,6 +81,8 @@ class SidecarMetrics:
             ["tenant", "kind", "slo_class"], registry=r), self)
         self.attainment = AttainmentWindow()
         r.register(self.attainment)
+        self.fairness = FairnessWindow(self.tenant_label)
+        r.register(self.fairness)
         self.requests = TenantFamily(Counter(
             "jitserve_requests", "Finished requests by outcome.",
             ["tenant", "kind", "slo_class", "outcome"], registry=r), self)

@@ -83,6 +83,7 @@ class Reporter:
                                        outcome.slo_class, status)
         if outcome.goodput_tokens:
             self.metrics.goodput_tokens.labels(*labels).inc(outcome.goodput_tokens)
+            self.metrics.fairness.earned(outcome.tenant, outcome.goodput_tokens)
         if status in ("met", "missed") and outcome.e2el_s is not None:
             self.metrics.e2el.labels(outcome.kind.value).observe(outcome.e2el_s)
 

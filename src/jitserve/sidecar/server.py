@@ -177,6 +177,7 @@ class SidecarServer:
 
     def _apply(self, spec: SLOPolicySpec) -> None:
         self.dispatcher.apply_spec(spec)
+        self.metrics.fairness.settings = spec.fairness
         for warning in simulator_only(spec):
             log.warning("%s", warning)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
@@ -333,3 +333,14 @@ def _program(
         stages=stages,
         slo_class="compound",
     )
+
+
+def offered_tokens_by_tenant(items: Iterable[Workitem]) -> dict[str, int]:
+    """Each tenant's demand: the prompt and output tokens of every work item it sent (a
+    program: all its calls), served or not."""
+    out: dict[str, int] = {}
+    for item in items:
+        tokens = (item.total_tokens if isinstance(item, Program)
+                  else item.prompt_tokens + (item.output_tokens or 0))
+        out[item.tenant] = out.get(item.tenant, 0) + tokens
+    return dict(sorted(out.items()))

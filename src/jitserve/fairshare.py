@@ -1,0 +1,50 @@
+"""Max-min fair shares and Jain's index: what fairness is measured against (issue 27).
+
+A tenant's fair share is not an equal split: at load 1.0, where the engine serves almost
+everything, "a third each" would take service from a tenant nobody else wants. The share
+that means something is max-min (water-filling): capacity is poured over the tenants by
+weight, a tenant that asks for less than its weighted level gets what it asks, and what
+it leaves is poured over the rest. Jain's index over the tenants' received / fair ratios
+summarises how close the service came: 1 when every tenant got its share in proportion,
+1/n when one tenant got everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def max_min_shares(
+    demand: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> dict[str, float]:
+    """Each tenant's weighted max-min fair allocation of ``capacity`` (same units as
+    ``demand``; a tenant missing from ``weights`` weighs 1). The allocations sum to
+    ``min(capacity, total demand)``."""
+    left = max(capacity, 0.0)
+    pending = sorted(demand, key=lambda t: max(demand[t], 0.0) / weights.get(t, 1.0))
+    weight_left = sum(weights.get(t, 1.0) for t in pending)
+    out: dict[str, float] = {}
+    for i, tenant in enumerate(pending):
+        weight = weights.get(tenant, 1.0)
+        level = left / weight_left if weight_left > 0 else 0.0
+        wanted = max(demand[tenant], 0.0)
+        if wanted <= level * weight:
+            out[tenant] = wanted
+        else:  # this tenant and every later one (asking more per weight) get the level
+            for rest in pending[i:]:
+                out[rest] = level * weights.get(rest, 1.0)
+            break
+        left -= wanted
+        weight_left -= weight
+    return out
+
+
+def jain_index(ratios: Iterable[float]) -> float:
+    """Jain's fairness index of ``ratios`` (each tenant's received over fair share):
+    ``(sum x)^2 / (n * sum x^2)``, in ``[1/n, 1]``; 1 for no tenant (nothing to be unfair
+    about) or all zeros."""
+    xs = [max(x, 0.0) for x in ratios]
+    squares = sum(x * x for x in xs)
+    if not xs or squares == 0:
+        return 1.0
+    return sum(xs) ** 2 / (len(xs) * squares)

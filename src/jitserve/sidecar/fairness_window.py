@@ -1,0 +1,92 @@
+"""Each tenant's share of goodput against its max-min fair share, over the fairness
+window (issue 27; owner: sidecar).
+
+What f is measured against is not an equal split but max-min: each tenant's demand (the
+tokens its admitted requests asked for: prompt + max_tokens) over the window, the
+goodput earned in the window as the capacity, water-filled by the tenants' weights
+(:func:`jitserve.fairshare.max_min_shares`). At scrape, per tenant (the metrics' bounded
+tenant label): ``jitserve_tenant_max_min_share`` and ``jitserve_tenant_goodput_share``
+(ratios of the window's goodput), and ``jitserve_fairness_jain_index`` over the
+received / fair ratios. Nothing is emitted for a window without goodput.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from jitserve.fairshare import jain_index, max_min_shares
+from jitserve.policy import FairnessSettings
+
+
+class FairnessWindow(Collector):
+    def __init__(self, label: Callable[[str], str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.clock = clock
+        self.settings = FairnessSettings()
+        """The policy's fairness section (weights, window), replaced on reload."""
+        self._asked: deque[tuple[float, str, float]] = deque()
+        self._earned: deque[tuple[float, str, float]] = deque()
+
+    def asked(self, tenant: str, tokens: float) -> None:
+        """A request of ``tenant`` asking for ``tokens`` (prompt + max_tokens) was admitted."""
+        self._asked.append((self.clock(), tenant, tokens))
+
+    def earned(self, tenant: str, goodput_tokens: float) -> None:
+        if goodput_tokens:
+            self._earned.append((self.clock(), tenant, goodput_tokens))
+
+    def shares(self) -> tuple[dict[str, float], dict[str, float], float] | None:
+        """(max-min share, goodput share) per tenant label and Jain's index over the
+        window; None when it earned nothing."""
+        oldest = self.clock() - self.settings.window_seconds
+        demand: dict[str, float] = defaultdict(float)
+        received: dict[str, float] = defaultdict(float)
+        for log, into in ((self._asked, demand), (self._earned, received)):
+            while log and log[0][0] < oldest:
+                log.popleft()
+            for _, tenant, tokens in log:
+                into[tenant] += tokens
+        capacity = sum(received.values())
+        if capacity <= 0:
+            return None
+        for tenant in received:  # what it earned, it asked for (admitted before the window)
+            demand[tenant] = max(demand[tenant], received[tenant])
+        weights = {t: self.settings.weight_of(t) for t in demand}
+        fair = max_min_shares(demand, weights, capacity)
+        jain = jain_index(received[t] / fair[t] for t in fair if fair[t] > 0)
+        fair_by: dict[str, float] = defaultdict(float)
+        got_by: dict[str, float] = defaultdict(float)
+        for tenant in demand:
+            fair_by[self.label(tenant)] += fair.get(tenant, 0.0) / capacity
+            got_by[self.label(tenant)] += received[tenant] / capacity
+        return dict(fair_by), dict(got_by), jain
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        window = f"{self.settings.window_seconds:g} s"
+        fair = GaugeMetricFamily(
+            "jitserve_tenant_max_min_share", f"Each tenant's max-min fair share of the goodput "
+            f"earned in the last {window} (its demand water-filled by weight), a ratio.",
+            labels=["tenant"])
+        got = GaugeMetricFamily(
+            "jitserve_tenant_goodput_share",
+            f"Each tenant's share of the goodput earned in the last {window}, a ratio.",
+            labels=["tenant"])
+        jain = GaugeMetricFamily(
+            "jitserve_fairness_jain_index", f"Jain's index of the tenants' goodput over "
+            f"their max-min shares in the last {window} (1: every tenant its share).")
+        figures = self.shares()
+        if figures is not None:
+            fair_by, got_by, index = figures
+            for tenant in sorted(fair_by):
+                fair.add_metric([tenant], fair_by[tenant])
+                got.add_metric([tenant], got_by[tenant])
+            jain.add_metric([], index)
+        yield fair
+        yield got
+        yield jain
