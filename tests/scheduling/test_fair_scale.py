@@ -13,6 +13,7 @@ import pytest
 from jitserve.policy import load_policy
 from jitserve.scheduling.base import EngineView
 from jitserve.scheduling.gmax import GMAX
+from jitserve.scheduling.gmax.priorities import fair_claims
 from jitserve.scheduling.gmax.scoring import FAIR_TIE
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
@@ -64,3 +65,20 @@ def test_claims_do_not_depend_on_the_hash_seed() -> None:
         for seed in range(8)
     }
     assert len(outputs) == 1, outputs
+
+
+def test_a_claim_is_measured_against_the_max_min_share_not_an_equal_split() -> None:
+    """Demand 3:1:1 over a service of 100: b and c asked 10 each, under a third, so a's
+    max-min share is 80 and a tenant at its share claims 1/2; an equal split would call
+    a over-served and b, c starved."""
+    fairness = load_policy({}).fairness
+    service = {"a": 80.0, "b": 10.0, "c": 10.0}
+    by_max_min = fair_claims(["a", "b", "c"], service, fairness, {"a": 300.0, "b": 10.0,
+                                                                  "c": 10.0})
+    assert by_max_min == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
+    equal = fair_claims(["a", "b", "c"], service, fairness)
+    assert equal["a"] < 0.5 < equal["b"]
+    # b asked for as much as a: its share is now half of what is left after c's 10
+    shifted = fair_claims(["a", "b", "c"], service, fairness, {"a": 300.0, "b": 300.0,
+                                                               "c": 10.0})
+    assert shifted["a"] < 0.5 < shifted["b"] and shifted["c"] == pytest.approx(0.5)

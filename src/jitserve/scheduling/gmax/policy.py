@@ -95,6 +95,8 @@ class GMAX(StagedPolicy):
             queue.ints("waited")[row] = kept.waited.pop(r, 0)
             queue.flags("demoted")[row] = r in kept.demoted
             kept.priority.pop(r, None)
+            if r.started_s is None:  # an arrival (not a preempted request back): demand
+                self.fair.asked[r.req.tenant] += r.req.prompt_tokens + (r.expected or r.bound)
         one = one_row(queue.features(), row)
         scores = self.scorer.score(one, now_s)
         hopeless = scores.gain <= 0

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.fairshare import max_min_shares
 from jitserve.policy import FairnessSettings, Objective, SLOPolicySpec
 from jitserve.scheduling.scores import RowSpeeds, Scores, Speeds
 from jitserve.scheduling.table import Features
@@ -222,18 +223,31 @@ def score_features(features: Features, at: ScoreAt) -> Scores:
 
 
 def fair_claims(
-    tenants: list[str], service: Mapping[str, float], fairness: FairnessSettings
+    tenants: list[str],
+    service: Mapping[str, float],
+    fairness: FairnessSettings,
+    demand: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Each tenant's claim in (0, 1]: ``share / (share + received)``, where ``share`` is
-    its weight over the live tenants' weights and ``received`` its share of the decayed
-    service; a tenant at its entitlement gets 1/2, one that received nothing gets 1."""
+    """Each tenant's claim in [0, 1]: ``share / (share + received)``, where ``received``
+    is its share of the decayed service and ``share`` its max-min fair share of that
+    service: its ``demand`` water-filled by weight (:func:`jitserve.fairshare.
+    max_min_shares`; without demand, or before any service, its weight over the live
+    tenants' weights). A tenant at its fair share gets 1/2, one that received nothing 1."""
     live = sorted(set(tenants))  # a fixed order of the float sums, not the hash seed's
     weights = {t: fairness.weight_of(t) for t in live}
     weight_sum = sum(weights.values()) or 1.0
     total = sum(service.get(t, 0.0) for t in live)
+    fair: dict[str, float] | None = None
+    if demand is not None and total > 0:
+        wanted = {t: max(demand.get(t, 0.0), service.get(t, 0.0)) for t in live}
+        if sum(wanted.values()) > 0:
+            fair = max_min_shares(wanted, weights, total)
     claims = {}
     for t in live:
-        share = weights[t] / weight_sum
+        share = fair[t] / total if fair is not None else weights[t] / weight_sum
+        if share <= 0:  # asked for nothing in the window: no claim on the service
+            claims[t] = 0.0
+            continue
         received = service.get(t, 0.0) / total if total > 0 else share
         claims[t] = share / (share + received)
     return claims

@@ -47,6 +47,9 @@ class FairShare:
         self.settings = FairnessSettings()
         self.earned: dict[str, float] = defaultdict(float)
         """Goodput tokens each tenant earned, decayed over ``fairness.windowSeconds``."""
+        self.asked: dict[str, float] = defaultdict(float)
+        """Tokens each tenant's arrivals asked for (prompt + expected output), decayed
+        alike: its demand, which its max-min fair share is water-filled from."""
         self.claims: FloatArray = np.zeros(0)
         """Per tenant code, from the last frame (1 for a tenant not seen then)."""
         self.scale = 0.0
@@ -59,8 +62,9 @@ class FairShare:
     def decay(self, now_s: float) -> None:
         if self._last_s is not None:
             d = math.exp(-(now_s - self._last_s) / self.settings.window_seconds)
-            for t in self.earned:
-                self.earned[t] *= d
+            for book in (self.earned, self.asked):
+                for t in book:
+                    book[t] *= d
         self._last_s = now_s
 
     def update(self, tenant: npt.NDArray[np.int64], codes: TenantCodes, median: float) -> None:
@@ -69,7 +73,7 @@ class FairShare:
             self.claims = np.zeros(0)
             return
         live = [codes.names[c] for c in np.unique(tenant).tolist()]
-        by_name = fair_claims(live, self.earned, self.settings)
+        by_name = fair_claims(live, self.earned, self.settings, self.asked)
         self.claims = np.array([by_name.get(name, 1.0) for name in codes.names])
         self.scale = 2.0 * median
 
