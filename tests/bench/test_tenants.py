@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from jitserve.bench.tenants import tenant_fairness, tenants_markdown
+from jitserve.policy import load_policy
 from jitserve.requests import LLMCall, Program, Request, Stage
-from jitserve.sim.workload import offered_tokens_by_tenant
-from jitserve.slo import CompoundSLO, DeadlineSLO
+from jitserve.sim.workload import (
+    WorkloadSpec,
+    generate,
+    held_to_contracts,
+    offered_tokens_by_tenant,
+    parse_claims,
+)
+from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO
 
 
 def entry(goodput: dict[str, float], demand: dict[str, float]) -> dict[str, object]:
@@ -45,3 +54,32 @@ def test_demand_counts_every_token_a_tenant_sent() -> None:
     items = [Request("r1", "a", DeadlineSLO(5.0), 100, 0.0, output_tokens=50),
              Request("r2", "a", DeadlineSLO(5.0), 10, 1.0, output_tokens=5), program]
     assert offered_tokens_by_tenant(items) == {"a": 165, "b": 40}
+
+
+def test_a_gaming_tenant_claims_tighter_and_the_contract_clamps_or_drops_it() -> None:
+    spec = WorkloadSpec(trace="synthetic", arrival="poisson", rate_per_s=20, duration_s=5,
+                        tenants=("a", "b"), claim_scale=parse_claims("a=0.25"))
+    honest = list(generate(replace(spec, claim_scale=())))
+    gaming = list(generate(spec))
+    assert len(honest) == len(gaming) > 20
+    for h, g in zip(honest, gaming, strict=True):
+        if g.tenant == "b" or (isinstance(g.slo, DeadlineSLO) and g.slo.best_effort):
+            assert g.slo == h.slo
+        elif isinstance(g.slo, LatencySLO):
+            assert isinstance(h.slo, LatencySLO)
+            assert g.slo.ttft_s == pytest.approx(h.slo.ttft_s / 4)
+        else:
+            assert g.slo.deadline_s == pytest.approx(h.slo.deadline_s / 4)  # type: ignore[union-attr]
+    bounds = {"ttftMs": 2000, "tbtMs": 100, "deadlineSeconds": 20}
+    for action, kept in (("clamp", len(gaming)), ("refuse", None)):
+        fairness = load_policy({"fairness": {"beyondContract": action, "tenants": [
+            {"name": "a", "tightest": bounds}]}}).fairness
+        counted: dict[str, int] = {}
+        held = list(held_to_contracts(gaming, fairness, counted))
+        beyond = counted["a"]
+        assert beyond > 5 and set(counted) == {"a"}
+        assert len(held) == (kept if kept is not None else len(gaming) - beyond)
+        assert all(not fairness.tenants[0].tightest.beyond(i.slo)  # type: ignore[union-attr]
+                   for i in held if i.tenant == "a")
+    with pytest.raises(ValueError, match="--claims"):
+        parse_claims("a=0")

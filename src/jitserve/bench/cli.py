@@ -29,7 +29,14 @@ from jitserve.bench.runner import (
 from jitserve.errors import CLIError
 from jitserve.policy import BudgetRule, PolicyError, SLOPolicySpec, load_policy_file
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
-from jitserve.sim.workload import ARRIVALS, TRACES, WorkloadSpec, parse_mix, parse_tenant_mix
+from jitserve.sim.workload import (
+    ARRIVALS,
+    TRACES,
+    WorkloadSpec,
+    parse_claims,
+    parse_mix,
+    parse_tenant_mix,
+)
 
 if TYPE_CHECKING:
     from jitserve.bench.matrix import MatrixSize
@@ -123,6 +130,13 @@ def register(subparsers: Any) -> None:
         metavar="NAME=W,...",
         help="skewed tenant demand, e.g. a=3,b=1,c=1 (share of work items per tenant); the "
         "fair-share weights come from --config's fairness section",
+    )
+    parser.add_argument(
+        "--claims",
+        metavar="NAME=FACTOR,...",
+        help="tenants that claim tighter SLOs than the policy's defaults, each target times "
+        "FACTOR (e.g. a=0.25: four times tighter); held to --config's "
+        "fairness.tenants[].tightest as the sidecar holds them",
     )
     parser.add_argument(
         "--matrix",
@@ -222,6 +236,8 @@ def main(args: argparse.Namespace) -> int:
         )
         if tenants:
             workload = replace(workload, tenants=tenants[0], tenant_demand=tenants[1])
+        if args.claims:
+            workload = replace(workload, claim_scale=parse_claims(args.claims))
         profile = cell_profile(args.profile, overrides)
     except ValueError as err:
         raise CLIError(str(err)) from err

@@ -26,7 +26,12 @@ from jitserve.sim.cluster import run_placed
 from jitserve.sim.engine import Engine
 from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile, load_profile
-from jitserve.sim.workload import WorkloadSpec, generate, offered_tokens_by_tenant
+from jitserve.sim.workload import (
+    WorkloadSpec,
+    generate,
+    held_to_contracts,
+    offered_tokens_by_tenant,
+)
 
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
@@ -127,7 +132,9 @@ def run_one(cell: Cell) -> dict[str, Any]:
                        dict(cell.placement_weights))
         if cell.placement else None
     )
-    placed = run_placed(engines, generate(workload), placement)
+    beyond: dict[str, int] = {}
+    items = held_to_contracts(generate(workload), cell.spec.fairness, beyond)
+    placed = run_placed(engines, items, placement)
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
@@ -158,6 +165,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
             k: t.goodput_tokens for k, t in sorted(ledger.by_tenant.items())
         },
         "demand_tokens_by_tenant": offered_tokens_by_tenant(generate(workload)),
+        "claims_beyond_contract_by_tenant": dict(sorted(beyond.items())),
         "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
         / max(stats.busy_s, 1e-9),
         "output_tokens_per_s": stats.output_tokens / max(stats.busy_s, 1e-9),

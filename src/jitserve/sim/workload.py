@@ -31,9 +31,9 @@ from importlib import resources
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.policy import SLODefaults
+from jitserve.policy import BeyondContract, FairnessSettings, SLODefaults
 from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
-from jitserve.slo import SLOKind
+from jitserve.slo import SLO, DeadlineSLO, LatencySLO, SLOKind
 
 TRACES = {"azure-conv": "azure2023_conv.csv", "azure-code": "azure2023_code.csv"}
 ARRIVALS = ("trace", "poisson", "gamma")
@@ -67,26 +67,39 @@ def load_trace(name: str) -> TraceData:
     )
 
 
-def parse_tenant_mix(text: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    """``"a=3,b=1,c=1"`` -> tenants ``("a", "b", "c")`` with demand shares (0.6, 0.2, 0.2)."""
-    names: list[str] = []
-    weights: list[float] = []
+def _pairs(text: str, flag: str, example: str) -> list[tuple[str, float]]:
+    """``name=number`` pairs, names distinct, numbers finite and >= 0 (ValueError naming
+    ``flag`` otherwise)."""
+    pairs: list[tuple[str, float]] = []
     for part in text.split(","):
         name, _, value = part.partition("=")
         try:
-            weight = float(value)
+            number = float(value)
         except ValueError:
-            weight = math.nan
-        if not name.strip() or not math.isfinite(weight) or weight < 0 or name.strip() in names:
-            raise ValueError(
-                f"--tenant-mix must be distinct name=weight pairs, e.g. a=3,b=1,c=1; got {text!r}"
-            )
-        names.append(name.strip())
-        weights.append(weight)
-    total = sum(weights)
+            number = math.nan
+        if (not name.strip() or not math.isfinite(number) or number < 0
+                or name.strip() in dict(pairs)):
+            raise ValueError(f"{flag} must be distinct name=number pairs, e.g. {example}; "
+                             f"got {text!r}")
+        pairs.append((name.strip(), number))
+    return pairs
+
+
+def parse_tenant_mix(text: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """``"a=3,b=1,c=1"`` -> tenants ``("a", "b", "c")`` with demand shares (0.6, 0.2, 0.2)."""
+    pairs = _pairs(text, "--tenant-mix", "a=3,b=1,c=1")
+    total = sum(w for _, w in pairs)
     if total <= 0:
         raise ValueError(f"--tenant-mix needs a positive weight, got {text!r}")
-    return tuple(names), tuple(w / total for w in weights)
+    return tuple(n for n, _ in pairs), tuple(w / total for _, w in pairs)
+
+
+def parse_claims(text: str) -> tuple[tuple[str, float], ...]:
+    """``"a=0.25"`` -> tenant ``a`` claims its targets times 0.25 (factors > 0)."""
+    pairs = _pairs(text, "--claims", "a=0.25")
+    if any(factor <= 0 for _, factor in pairs):
+        raise ValueError(f"--claims factors must be > 0, got {text!r}")
+    return tuple(pairs)
 
 
 def parse_mix(text: str) -> tuple[float, float, float]:
@@ -126,6 +139,9 @@ class WorkloadSpec:
     max_output: int | None = None
     """Output tokens capped here; None: none."""
     tool_scale: float = 1.0
+    claim_scale: tuple[tuple[str, float], ...] = ()
+    """Tenants that claim tighter SLOs than the defaults: (tenant, factor), each target
+    of its requests multiplied by the factor (0.25: four times tighter)."""
     """Compound programs' tool time multiplied by this (the live bench's 0.1 with caps)."""
 
     def __post_init__(self) -> None:
@@ -252,9 +268,42 @@ def generate(spec: WorkloadSpec) -> Iterator[Workitem]:
     """Work items in arrival order, lazily, lengths capped and tools scaled as ``spec``
     says (the same draws as without: a capped workload is the uncapped one, shortened)."""
     items = _drawn(spec)
+    if spec.claim_scale:
+        factors = dict(spec.claim_scale)
+        items = (_claimed(item, factors.get(item.tenant, 1.0)) for item in items)
     if spec.max_prompt is None and spec.max_output is None and spec.tool_scale == 1.0:
         return items
     return (_capped(spec, item) for item in items)
+
+
+def _claimed(item: Workitem, factor: float) -> Workitem:
+    """``item`` claiming its SLO's targets times ``factor`` (best effort claims none)."""
+    slo = item.slo
+    if factor == 1.0 or (isinstance(slo, DeadlineSLO) and slo.best_effort):
+        return item
+    if isinstance(item, Program):
+        return replace(item, slo=replace(item.slo, deadline_s=item.slo.deadline_s * factor))
+    if isinstance(slo, LatencySLO):
+        return replace(item, slo=LatencySLO(slo.ttft_s * factor, slo.tbt_s * factor))
+    return replace(item, slo=replace(slo, deadline_s=slo.deadline_s * factor))
+
+
+def held_to_contracts(items: Iterable[Workitem], fairness: FairnessSettings,
+                      counted: dict[str, int]) -> Iterator[Workitem]:
+    """``items`` as the sidecar admits them under each tenant's contract
+    (``fairness.tenants[].tightest``, :mod:`jitserve.policy.contract`): a claim past its
+    bound clamped, or dropped with ``beyondContract: refuse``; ``counted`` gets one per
+    item per tenant that claimed beyond."""
+    for item in items:
+        contract = fairness.tenant(item.tenant)
+        bounds = contract.tightest if contract is not None else None
+        slo: SLO = item.slo
+        if bounds is None or not bounds.beyond(slo):
+            yield item
+            continue
+        counted[item.tenant] = counted.get(item.tenant, 0) + 1
+        if fairness.beyond_contract is BeyondContract.CLAMP:
+            yield replace(item, slo=bounds.clamp(slo))  # type: ignore[arg-type]
 
 
 def _capped(spec: WorkloadSpec, item: Workitem) -> Workitem:
