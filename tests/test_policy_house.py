@@ -27,16 +27,16 @@ def drawing(by_name: dict[str, list[str]]) -> str:
     )
 
 
-def _drawn() -> str:
-    text = (DOCS / "design.md").read_text()
-    section = text[text.index("## The policy house") :]
-    found = re.search(r"```\n(.*?)```", section, re.S)
-    assert found is not None, "docs/design.md's policy house has no drawing"
+def first_block(page: str, heading: str, lang: str = "") -> str:
+    """The first fenced block (of ``lang``) after ``heading`` in docs/``page``."""
+    text = (DOCS / page).read_text()
+    found = re.search(rf"```{lang}\n(.*?)```", text[text.index(heading) :], re.S)
+    assert found is not None, f"docs/{page}: no block under {heading!r}"
     return found.group(1)
 
 
 def test_the_drawing_of_the_house_is_the_code() -> None:
-    assert _drawn() == drawing(profiles(SLOPolicySpec()))
+    assert first_block("design.md", "## The policy house") == drawing(profiles(SLOPolicySpec()))
 
 
 def test_mechanisms_switch_gmax_stages() -> None:
@@ -45,17 +45,9 @@ def test_mechanisms_switch_gmax_stages() -> None:
     assert profiles(off)["gmax"] == ["unreachable", "score", "group", "sequence", "overdue"]
 
 
-def _example() -> str:
-    text = (DOCS / "scheduling.md").read_text()
-    section = text[text.index("## A new scheduler") :]
-    found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, "docs/scheduling.md's example is gone"
-    return found.group(1)
-
-
 @pytest.mark.parametrize("name", ["srpt", "srpt-ac"])
 def test_the_example_scheduler_runs_in_the_simulator_and_the_sidecar_alike(name: str) -> None:
-    code = _example()
+    code = first_block("scheduling.md", "## A new scheduler", "python")
     assert len(code.splitlines()) <= 25
     try:
         exec(compile(code, "docs/scheduling.md", "exec"), {})
