@@ -392,3 +392,23 @@ def test_health_services_follow_the_picker_readiness() -> None:
     assert before == [serving, not_serving, not_serving]
     assert after == [serving, serving, serving]
     assert unknown == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_ask_is_held_to_the_tenants_contract_as_the_sidecar_holds_it() -> None:
+    """A claim past a tenant's contract is ranked at its bound (the sidecar behind clamps
+    it the same way); a refused one is picked as best effort (the sidecar refuses it)."""
+    spec = load_policy({"fairness": {"tenants": [
+        {"name": "a", "tightest": {"ttftMs": 800, "tbtMs": 100}}]}})
+    p = picker(by_load(), spec=spec)
+    tight = {"prompt": "hello", "slo": {"ttft_ms": 50, "tbt_ms": 10}}
+
+    async def scenario() -> None:
+        async with running_picker(p) as rpc:
+            for tenant in ("a", "b"):
+                await rpc.exchange(request_headers("/v1/completions", {"x-tenant": tenant}),
+                                   request_body(tight))
+
+    run(scenario())
+    held, free = p.placer.asks  # type: ignore[attr-defined]
+    assert held.slo == LatencySLO(0.8, 0.1)
+    assert free.slo == LatencySLO(0.05, 0.01)

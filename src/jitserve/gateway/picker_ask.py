@@ -34,6 +34,7 @@ from jitserve.gateway.routing import (
 from jitserve.placement.base import Ask, program_key
 from jitserve.policy import SLOPolicySpec
 from jitserve.sidecar.api import Endpoint, parse_request, resolve_slo
+from jitserve.sidecar.claims import hold_to_contract
 from jitserve.sidecar.errors import APIError
 from jitserve.sidecar.intake import check_depth
 from jitserve.slo import DeadlineSLO
@@ -91,6 +92,7 @@ class AskBuilder:
                 check_depth(doc, self.max_json_depth)
             parsed = parse_request(endpoint, doc, headers, self.spec.slo_defaults,
                                    tenant_class, self.spec.limits)
+            parsed, _ = hold_to_contract(parsed, tenant, self.spec.fairness)  # as the sidecar
         except (APIError, ValueError, UnicodeDecodeError, RecursionError):
             return self._best_effort(request_id, tenant, now, len(body or b""))
         return ask_of(parsed, tenant, request_id, now)

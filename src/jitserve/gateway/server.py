@@ -56,6 +56,7 @@ from jitserve.placement.wire import report_to_json
 from jitserve.policy import SLOPolicySpec
 from jitserve.sidecar import intake, responses
 from jitserve.sidecar.api import Endpoint, parse_request
+from jitserve.sidecar.claims import hold_to_contract
 from jitserve.sidecar.config import ConfigWatcher
 from jitserve.sidecar.errors import APIError, queue_full, request_timeout, shutting_down
 from jitserve.sidecar.server import serve_app
@@ -231,7 +232,8 @@ class GatewayServer:
             try:
                 parsed = parse_request(endpoint, doc, request.headers, spec.slo_defaults,
                                        spec.fairness.default_class_of(tenant), spec.limits)
-                return ask_of(parsed, tenant, request_id, now)
+                held, _ = hold_to_contract(parsed, tenant, spec.fairness)  # as the sidecar
+                return ask_of(held, tenant, request_id, now)
             except APIError:
                 pass  # the sidecar answers it (module docstring)
         slo = DeadlineSLO(self.watcher.spec.slo_defaults.best_effort_deadline_seconds,
