@@ -47,6 +47,12 @@ def test_a_claim_tighter_than_the_contract_is_served_at_its_bound_and_named() ->
     assert parsed.slo == DeadlineSLO(30.0) and beyond == ["slo.deadline_s"]
     parsed, beyond = held({"slo": {"kind": "compound", "program_id": "p", "deadline_s": 4}})
     assert parsed.slo == CompoundSLO(30.0) and beyond == ["slo.deadline_s"]
+    # a program's bound is per stage, as its default deadline is
+    three = {"kind": "compound", "program_id": "q", "stages": 3}
+    parsed, beyond = held({"slo": {**three, "deadline_s": 40}})
+    assert parsed.slo == CompoundSLO(90.0) and beyond == ["slo.deadline_s"]
+    parsed, beyond = held({"slo": {**three, "deadline_s": 95}})
+    assert parsed.slo == CompoundSLO(95.0) and beyond == []
 
 
 def test_claims_within_the_contract_and_best_effort_are_untouched() -> None:

@@ -33,30 +33,39 @@ class ClaimBounds(_Model):
     tbt_ms: float | None = Field(default=None, gt=0, le=86_400_000,
                                  description="Tightest time between tokens, ms.")
     deadline_seconds: float | None = Field(default=None, gt=0, le=86_400,
-                                           description="Tightest deadline (deadline and "
-                                           "compound requests), seconds.")
+                                           description="Tightest deadline, seconds: of a "
+                                           "deadline request, and per stage of a compound "
+                                           "program (as sloDefaults.compoundSecondsPerStage).")
 
-    def beyond(self, slo: SLO) -> list[str]:
-        """The request fields of ``slo`` that claim more than these bounds allow."""
+    def deadline_bound(self, slo: SLO, stages: int) -> float | None:
+        """The tightest deadline ``slo`` may claim (a program of ``stages`` stages: per
+        stage); None: no bound on it."""
+        if self.deadline_seconds is None or _best_effort(slo):
+            return None
+        return self.deadline_seconds * (max(stages, 1) if isinstance(slo, CompoundSLO) else 1)
+
+    def beyond(self, slo: SLO, stages: int = 1) -> list[str]:
+        """The request fields of ``slo`` that claim more than these bounds allow
+        (``stages``: a compound program's, when known)."""
         fields = []
         if isinstance(slo, LatencySLO):
             if self.ttft_ms is not None and slo.ttft_s < self.ttft_ms / 1e3:
                 fields.append("slo.ttft_ms")
             if self.tbt_ms is not None and slo.tbt_s < self.tbt_ms / 1e3:
                 fields.append("slo.tbt_ms")
-        elif (isinstance(slo, DeadlineSLO | CompoundSLO) and not _best_effort(slo)
-              and self.deadline_seconds is not None and slo.deadline_s < self.deadline_seconds):
+        elif (bound := self.deadline_bound(slo, stages)) is not None and slo.deadline_s < bound:
             fields.append("slo.deadline_s")
         return fields
 
-    def clamp(self, slo: SLO) -> SLO:
+    def clamp(self, slo: SLO, stages: int = 1) -> SLO:
         """``slo`` with every target at least as loose as its bound."""
         if isinstance(slo, LatencySLO):
             ttft = max(slo.ttft_s, (self.ttft_ms or 0.0) / 1e3)
             tbt = max(slo.tbt_s, (self.tbt_ms or 0.0) / 1e3)
             return LatencySLO(ttft, tbt)
-        if isinstance(slo, DeadlineSLO | CompoundSLO) and not _best_effort(slo):
-            return replace(slo, deadline_s=max(slo.deadline_s, self.deadline_seconds or 0.0))
+        bound = self.deadline_bound(slo, stages)
+        if bound is not None and not isinstance(slo, LatencySLO):
+            return replace(slo, deadline_s=max(slo.deadline_s, bound))
         return slo
 
 

@@ -36,7 +36,8 @@ def hold_to_contract(parsed: ParsedRequest, tenant: str,
                        f"{name[:63]!r} (its classes: {allowed})", type_="permission_error",
                        param=param, code="class_not_in_contract")
     bounds = contract.tightest
-    beyond = bounds.beyond(parsed.slo) if bounds is not None else []
+    stages = (parsed.program.stages or 1) if parsed.program is not None else 1
+    beyond = bounds.beyond(parsed.slo, stages) if bounds is not None else []
     if not beyond:
         return parsed, []
     assert bounds is not None
@@ -44,4 +45,4 @@ def hold_to_contract(parsed: ParsedRequest, tenant: str,
         raise APIError(403, f"{beyond[0]}: tighter than tenant {tenant!r} may claim "
                        "(fairness.tenants[].tightest)", type_="permission_error",
                        param=beyond[0], code="slo_beyond_contract")
-    return replace(parsed, slo=bounds.clamp(parsed.slo)), beyond
+    return replace(parsed, slo=bounds.clamp(parsed.slo, stages)), beyond

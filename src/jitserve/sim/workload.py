@@ -298,12 +298,13 @@ def held_to_contracts(items: Iterable[Workitem], fairness: FairnessSettings,
         contract = fairness.tenant(item.tenant)
         bounds = contract.tightest if contract is not None else None
         slo: SLO = item.slo
-        if bounds is None or not bounds.beyond(slo):
+        stages = len(item.stages) if isinstance(item, Program) else 1
+        if bounds is None or not bounds.beyond(slo, stages):
             yield item
             continue
         counted[item.tenant] = counted.get(item.tenant, 0) + 1
         if fairness.beyond_contract is BeyondContract.CLAMP:
-            yield replace(item, slo=bounds.clamp(slo))  # type: ignore[arg-type]
+            yield replace(item, slo=bounds.clamp(slo, stages))  # type: ignore[arg-type]
 
 
 def _capped(spec: WorkloadSpec, item: Workitem) -> Workitem:
