@@ -63,6 +63,30 @@ class Kept:
         self.demoted_key = demoted_key
         """Added to a waiting request's key when it is demoted (0: the policy rekeys)."""
 
+    def push(self, r: LiveRequest, now_s: float) -> tuple[int, bool]:
+        """Queue ``r`` and return (its row, whether it was not queued already: an arrival or
+        a preempted request back, not one whose bounds were refined while it waited). What
+        was kept about it while it ran goes back into the table's columns."""
+        queue = self.queue
+        fresh = r not in queue
+        queue.push(r, 0.0, now_s)
+        row = queue.row_of(r)
+        assert row is not None
+        if fresh:
+            queue.ints("waited")[row] = self.waited.pop(r, 0)
+            queue.flags("demoted")[row] = r in self.demoted
+            self.priority.pop(r, None)
+        return row, fresh
+
+    def take(self, r: LiveRequest) -> None:
+        """``r`` leaves the queue to run: its priority and frames waited are kept."""
+        queue = self.queue
+        row = queue.row_of(r)
+        assert row is not None, f"{r.req.request_id} is not queued"
+        self.priority[r] = float(queue.floats("priority")[row])
+        self.waited[r] = int(queue.ints("waited")[row])
+        queue.remove(r)
+
     def demote(self, r: LiveRequest) -> None:
         """Overload control gave up on ``r``'s SLO but keeps it, as best effort."""
         row = self.queue.row_of(r)
@@ -137,7 +161,6 @@ class Pipeline:
         self.stages = stages
         self.seconds: dict[str, float] = {s.name: 0.0 for s in stages}
         """Wall seconds spent in each stage, summed over the frames."""
-        self.frames = 0
 
     def configure(self, spec: SLOPolicySpec) -> None:
         for stage in self.stages:
@@ -149,7 +172,6 @@ class Pipeline:
             started = clock()
             stage.run(frame)
             self.seconds[stage.name] += clock() - started
-        self.frames += 1
         return frame.finished()
 
 

@@ -127,10 +127,13 @@ class OverloadControl:
     ``-ac`` baselines)."""
 
     def __init__(self, follow_spec: bool = False) -> None:
-        switch = _Switch(follow_spec)
-        self.follow_spec = follow_spec
+        switch = self.switch = _Switch(follow_spec)
         self.first = GiveUpUnreachable(switch)
         self.last = GiveUpOverdue(switch)
+
+    @property
+    def follow_spec(self) -> bool:
+        return self.switch.follow_spec
 
     def around(self, stages: list[Stage], planner: Stage | None) -> list[Stage]:
         """``stages`` between the rules; ``planner`` (when the stages do not name what

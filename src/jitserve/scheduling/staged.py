@@ -70,7 +70,7 @@ class StagedPolicy(Policy):
     def pop_next(self, now_s: float, running: int) -> LiveRequest | None:
         r = self.peek_next(now_s, running)
         if r is not None:
-            self.queue.remove(r)
+            self.kept.take(r)
         return r
 
     def remove(self, r: LiveRequest) -> None:

@@ -105,10 +105,7 @@ class KeyedPolicy(StagedPolicy):
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         self._now_s = now_s
         queue = self.queue
-        queue.push(r, 0.0, now_s)
-        row = queue.row_of(r)
-        assert row is not None
-        queue.flags("demoted")[row] = r in self.kept.demoted
+        row, _ = self.kept.push(r, now_s)
         queue.floats("key")[row] = self.ranker.ranked(one_row(queue.features(), row), [r], now_s)[0]
 
     def priority_of(self, r: LiveRequest) -> float:

@@ -86,17 +86,10 @@ class GMAX(StagedPolicy):
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
         """``r`` waits: scored alone at the last frame's speeds, it joins the group if it
         would have made the cut and can still start in time."""
-        queue, kept = self.queue, self.kept
-        fresh = r not in queue  # else: its bounds were refined while it waited
-        queue.push(r, 0.0, now_s)
-        row = queue.row_of(r)
-        assert row is not None
-        if fresh:
-            queue.ints("waited")[row] = kept.waited.pop(r, 0)
-            queue.flags("demoted")[row] = r in kept.demoted
-            kept.priority.pop(r, None)
-            if r.started_s is None:  # an arrival (not a preempted request back): demand
-                self.fair.asked[r.req.tenant] += r.req.prompt_tokens + (r.expected or r.bound)
+        queue = self.queue
+        row, fresh = self.kept.push(r, now_s)
+        if fresh and r.started_s is None:  # an arrival (not a preempted request back): demand
+            self.fair.asked[r.req.tenant] += r.req.prompt_tokens + (r.expected or r.bound)
         one = one_row(queue.features(), row)
         scores = self.scorer.score(one, now_s)
         hopeless = scores.gain <= 0
@@ -130,12 +123,7 @@ class GMAX(StagedPolicy):
         r = self.peek_next(now_s, running)
         if r is None:
             return None
-        queue, kept = self.queue, self.kept
-        row = queue.row_of(r)
-        assert row is not None
-        kept.priority[r] = float(queue.floats("priority")[row])
-        kept.waited[r] = int(queue.ints("waited")[row])
-        queue.remove(r)
+        self.kept.take(r)
         if self.pacer is not None:
             self.pacer.started(r.prefill_target - r.prefilled)
         return r
