@@ -39,6 +39,43 @@ def max_min_shares(
     return out
 
 
+def fair_allocation(
+    tenants: Iterable[str], demand: Mapping[str, float], received: Mapping[str, float],
+    weights: Mapping[str, float],
+) -> tuple[dict[str, float], float] | None:
+    """(Each tenant's max-min fair allocation, the total) of the service ``tenants``
+    received together: their ``demand`` water-filled by weight over that total, a
+    tenant's demand taken as at least what it received (service admitted before the
+    books opened was asked for too). None when they received nothing."""
+    live = sorted(set(tenants))  # a fixed order of the float sums, not the hash seed's
+    total = sum(received.get(t, 0.0) for t in live)
+    if total <= 0:
+        return None
+    wanted = {t: max(demand.get(t, 0.0), received.get(t, 0.0)) for t in live}
+    return max_min_shares(wanted, weights, total), total
+
+
+def fair_claims(
+    tenants: Iterable[str], received: Mapping[str, float], weights: Mapping[str, float],
+    demand: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Each tenant's claim on the service in [0, 1]: ``share / (share + got)``, ``got``
+    its share of what ``tenants`` received and ``share`` its max-min fair share of it
+    (:func:`fair_allocation`; without ``demand``, or before any service, its weight over
+    the tenants' weights). A tenant at its fair share claims 1/2, one that received
+    nothing 1, one that asked for nothing 0."""
+    live = sorted(set(tenants))
+    total = sum(received.get(t, 0.0) for t in live)
+    weight_sum = sum(weights[t] for t in live) or 1.0
+    fair = fair_allocation(live, demand, received, weights) if demand is not None else None
+    claims = {}
+    for t in live:
+        share = fair[0][t] / total if fair is not None else weights[t] / weight_sum
+        got = received.get(t, 0.0) / total if total > 0 else share
+        claims[t] = share / (share + got) if share > 0 else 0.0
+    return claims
+
+
 def jain_index(ratios: Iterable[float]) -> float:
     """Jain's fairness index of ``ratios`` (each tenant's received over fair share):
     ``(sum x)^2 / (n * sum x^2)``, in ``[1/n, 1]``; 1 for no tenant (nothing to be unfair

@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+from jitserve.fairshare import fair_claims
 from jitserve.policy import load_policy
 from jitserve.scheduling.base import EngineView
 from jitserve.scheduling.gmax import GMAX
-from jitserve.scheduling.gmax.priorities import fair_claims
 from jitserve.scheduling.gmax.scoring import FAIR_TIE
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import live
@@ -44,13 +44,12 @@ def test_a_tenant_at_its_entitlement_weighs_one_median_priority() -> None:
 
 
 CLAIMS_UNDER_A_HASH_SEED = """
-from jitserve.policy import load_policy
-from jitserve.scheduling.gmax.priorities import fair_claims
+from jitserve.fairshare import fair_claims
 tenants = [f"tenant-{i}" for i in range(8)]
 # one tenant's service dwarfs the others': where it falls in the float sum changes the
 # total by rounding
 service = {t: 1e16 if t == "tenant-5" else 1.0 for t in tenants}
-claims = fair_claims(tenants, service, load_policy({}).fairness)
+claims = fair_claims(tenants, service, dict.fromkeys(tenants, 1.0))
 print(sorted((t, c.hex()) for t, c in claims.items()))
 """
 
@@ -71,14 +70,14 @@ def test_a_claim_is_measured_against_the_max_min_share_not_an_equal_split() -> N
     """Demand 3:1:1 over a service of 100: b and c asked 10 each, under a third, so a's
     max-min share is 80 and a tenant at its share claims 1/2; an equal split would call
     a over-served and b, c starved."""
-    fairness = load_policy({}).fairness
+    equal_weights = dict.fromkeys("abc", 1.0)
     service = {"a": 80.0, "b": 10.0, "c": 10.0}
-    by_max_min = fair_claims(["a", "b", "c"], service, fairness, {"a": 300.0, "b": 10.0,
+    by_max_min = fair_claims(["a", "b", "c"], service, equal_weights, {"a": 300.0, "b": 10.0,
                                                                   "c": 10.0})
     assert by_max_min == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
-    equal = fair_claims(["a", "b", "c"], service, fairness)
+    equal = fair_claims(["a", "b", "c"], service, equal_weights)
     assert equal["a"] < 0.5 < equal["b"]
     # b asked for as much as a: its share is now half of what is left after c's 10
-    shifted = fair_claims(["a", "b", "c"], service, fairness, {"a": 300.0, "b": 300.0,
+    shifted = fair_claims(["a", "b", "c"], service, equal_weights, {"a": 300.0, "b": 300.0,
                                                                "c": 10.0})
     assert shifted["a"] < 0.5 < shifted["b"] and shifted["c"] == pytest.approx(0.5)

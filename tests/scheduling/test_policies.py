@@ -9,8 +9,9 @@ from jitserve.requests import LiveRequest
 from jitserve.scheduling.base import EngineView, Policy
 from jitserve.scheduling.baselines import EDF, FCFS, LSF, PLAS, SJF
 from jitserve.scheduling.estimators import ExactEstimator, MeanEstimator, QuantileEstimator
-from jitserve.scheduling.gmax import GMAX, latency_tokens_reachable
+from jitserve.scheduling.gmax import GMAX
 from jitserve.scheduling.registry import make_policy
+from jitserve.scheduling.slack import latency_tokens_reachable
 from jitserve.slo import DeadlineSLO, LatencySLO
 from tests.support.requests import choose_group, live
 

@@ -35,12 +35,8 @@ from jitserve.placement.plugins import (
 )
 from jitserve.placement.simple import SentSinceReport
 from jitserve.policy import SLOPolicySpec
-from jitserve.scheduling.gmax.priorities import (
-    MIN_TIME_S,
-    ScoreAt,
-    normal_quantile,
-    score_features,
-)
+from jitserve.scheduling.estimators.remaining import normal_quantile
+from jitserve.scheduling.gmax.priorities import MIN_TIME_S, ScoreAt, score_features
 from jitserve.scheduling.scores import RowSpeeds, Speeds
 from jitserve.scheduling.table import Features
 from jitserve.slo import LatencySLO

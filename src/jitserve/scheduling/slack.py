@@ -8,6 +8,8 @@ policy and by overload control so that "too late" means the same thing everywher
   sub-deadline ``phi(s) * D``; latency: none);
 - ``latest_start_s``: the latest moment the request can start its (re)prefill and still
   earn its full gain, given its typical remaining length;
+- ``latency_tokens_reachable``: how many of a latency request's tokens would be on time
+  from a given start (vectorised);
 - ``out_of_reach``: the deadline (latency: the first token's due time) cannot be met
   even if the request ran alone at unloaded speed from now (its remaining prefill and
   one decode step): provably lost.
@@ -17,8 +19,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import numpy.typing as npt
+
 from jitserve.requests import LiveRequest
 from jitserve.slo import LatencySLO
+
+FloatArray = npt.NDArray[np.float64]
 
 
 def is_latency(r: LiveRequest) -> bool:
@@ -79,3 +86,29 @@ def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float
         return now_s + fastest > next_token_due_s(r)
     deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
     return now_s + fastest > deadline
+
+
+def latency_tokens_reachable(
+    first_index: FloatArray,
+    count: FloatArray,
+    start_s: FloatArray,
+    per_token_s: float | FloatArray,
+    due0_s: FloatArray,
+    tbt_s: FloatArray,
+) -> FloatArray:
+    """How many of tokens ``first_index .. first_index+count-1`` would be on time if the
+    request started producing at ``start_s`` with one token per ``per_token_s``.
+
+    Token i is out at ``start + (i - first + 1) * v`` and due at ``due0 + i * tbt``; the
+    lateness changes linearly in i, so the on-time tokens are a prefix or a suffix."""
+    # lateness(i) = start + (i - first + 1) v - due0 - i tbt = c0 + i (v - tbt)
+    c0 = start_s + (1 - first_index) * per_token_s - due0_s
+    slope = per_token_s - tbt_s
+    last = first_index + count - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        crossing = np.where(slope != 0, -c0 / np.where(slope != 0, slope, 1.0), np.inf)
+    # slope < 0: on time for i >= crossing; slope > 0: on time for i <= crossing
+    from_suffix = np.clip(last - np.maximum(np.ceil(crossing - 1e-9), first_index) + 1, 0, count)
+    from_prefix = np.clip(np.minimum(np.floor(crossing + 1e-9), last) - first_index + 1, 0, count)
+    flat = np.where(c0 <= 1e-9, count, 0.0)
+    return np.where(slope < 0, from_suffix, np.where(slope > 0, from_prefix, flat))

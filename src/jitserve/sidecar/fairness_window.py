@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jitserve.fairshare import jain_index, max_min_shares
+from jitserve.fairshare import fair_allocation, jain_index
 from jitserve.policy import FairnessSettings
 
 
@@ -52,18 +52,16 @@ class FairnessWindow(Collector):
                 log.popleft()
             for _, tenant, tokens in log:
                 into[tenant] += tokens
-        capacity = sum(received.values())
-        if capacity <= 0:
+        weights = {t: self.settings.weight_of(t) for t in set(demand) | set(received)}
+        allocation = fair_allocation(weights, demand, received, weights)
+        if allocation is None:
             return None
-        for tenant in received:  # what it earned, it asked for (admitted before the window)
-            demand[tenant] = max(demand[tenant], received[tenant])
-        weights = {t: self.settings.weight_of(t) for t in demand}
-        fair = max_min_shares(demand, weights, capacity)
+        fair, capacity = allocation
         jain = jain_index(received[t] / fair[t] for t in fair if fair[t] > 0)
         fair_by: dict[str, float] = defaultdict(float)
         got_by: dict[str, float] = defaultdict(float)
-        for tenant in demand:
-            fair_by[self.label(tenant)] += fair.get(tenant, 0.0) / capacity
+        for tenant in fair:
+            fair_by[self.label(tenant)] += fair[tenant] / capacity
             got_by[self.label(tenant)] += received[tenant] / capacity
         return dict(fair_by), dict(got_by), jain
 

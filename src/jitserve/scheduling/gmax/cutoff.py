@@ -1,11 +1,6 @@
-"""GMAX's cutoff ``p``, fixed or learned online (paper section 4.2: "automates and
-continuously adapts p online by exploring different thresholds").
-
-:class:`CutoffTuner` runs epsilon-greedy over the candidate values, rewarding each with
-the goodput (tokens/s) that completed during its epochs of frames. It survives a hot
-reload (:meth:`CutoffTuner.reconfigure`): what it learned about candidates still offered
-is kept.
-"""
+"""GMAX's cutoff ``p``, learned online (paper section 4.2: "automates and continuously
+adapts p online by exploring different thresholds"). It survives a hot reload: what it
+learned about candidates still offered is kept."""
 
 from __future__ import annotations
 

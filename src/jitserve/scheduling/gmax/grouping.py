@@ -1,13 +1,9 @@
-"""GMAX's group: which B requests run in the next frame, and in which order the waiting
-ones start (paper section 4.2, Algorithm 1 step 1-2, and seed 003 on overload).
-
-- :class:`GroupFilter`: the stage, and the one owner of the cutoff p (fixed, or learned
-  by its :class:`~jitserve.scheduling.gmax.cutoff.CutoffTuner`) and of the threshold an
-  arrival must clear to join the group between frames;
-- :func:`choose_by_context`: keep the top ``k * B`` requests with priority >= ``p`` x the
-  B-th best (the cutoff), sort them by input length and take the size-B window with the
-  largest priority sum (the length window). Either step can be switched off
-  (``mechanisms.cutoff``, ``mechanisms.lengthWindow``).
+"""GMAX's group filter (paper section 4.2, Algorithm 1 steps 1-2): which B requests run
+in the next frame. It keeps the top ``k * B`` live requests with priority >= ``p`` x the
+B-th best (the cutoff; ``mechanisms.cutoff``), sorts them by context length and takes
+the size-B window with the largest priority sum (the length window;
+``mechanisms.lengthWindow``). :class:`GroupFilter` is the one owner of the cutoff p
+(fixed, or learned by :class:`~jitserve.scheduling.gmax.cutoff.CutoffTuner`).
 """
 
 from __future__ import annotations
@@ -27,8 +23,6 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 class GroupFilter:
-    """Chooses the group at each frame and keeps what an arrival must clear to join it."""
-
     name = "group"
 
     def __init__(self, seed: int = 0) -> None:

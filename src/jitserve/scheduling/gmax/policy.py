@@ -1,29 +1,11 @@
 """GMAX: Grouped Margin Goodput Maximization (JITServe paper section 4.2), the policy.
 
-GMAX is a profile of small stages (:mod:`~jitserve.scheduling.frame`) over the waiting
-table (the queue, with every waiting request's features in columns) and the running set;
-at every frame (DESIGN.md "GMAX scheduler"):
-
-1. **scorer** (:class:`~jitserve.scheduling.gmax.scoring.Score`): goodput per unit of engine
-   time, aged by ``delta`` per frame waited; with fairness weight ``f``, the tenants'
-   claims blended in (:class:`~jitserve.scheduling.gmax.scoring.FairShare`);
-2. **group filter** (:class:`~jitserve.scheduling.gmax.grouping.GroupFilter`, the one owner
-   of the cutoff ``p``): the cutoff and the input-length window;
-3. **sequencer** (:class:`~jitserve.scheduling.gmax.sequencing.Sequencer`): the waiting
-   members' start order; members that would start too late leave the group;
-4. **preemptor** (:class:`~jitserve.scheduling.gmax.preemption.Preemptor`): running requests
-   outside the group swapped out when it pays;
-5. **pacer** (:class:`~jitserve.scheduling.gmax.pacing.PrefillPacer`): at a frame, the rate
-   prompts may start at; between frames, which waiting request may start now.
-
-``MechanismSettings`` selects the stages (an ablation leaves one out or swaps it for its
-plain form). Overload control (retiring what cannot earn goodput) is two stages around
-these, shared with the ``-ac`` baselines (:mod:`~jitserve.scheduling.overload`); it keeps
-what the sequencer names: the feasible waiting members of the group.
-
-Between frames the queue is ordered by the last computed key; an arrival is scored alone
-when it arrives, so admission stays cheap. A frame is array operations over the table
-plus Python over the running set and the group (at most B each).
+A profile of stages (:mod:`~jitserve.scheduling.frame`) run at every frame over the
+waiting table and the running set (DESIGN.md "GMAX scheduler"): score -> pace -> group ->
+sequence -> preempt, selected by ``scheduler.mechanisms`` (an ablation leaves a stage
+out or plain). Overload control is two stages around these, shared with the ``-ac``
+baselines (:mod:`~jitserve.scheduling.overload`). Between frames the queue is ordered by
+the last computed key, and an arrival is scored alone (admission stays cheap).
 """
 
 from __future__ import annotations
@@ -36,26 +18,21 @@ from jitserve.scheduling.frame import Stage, no_bar
 from jitserve.scheduling.gmax.grouping import GroupFilter
 from jitserve.scheduling.gmax.pacing import PrefillPacer
 from jitserve.scheduling.gmax.preemption import Preemptor
-from jitserve.scheduling.gmax.priorities import latency_tokens_reachable
 from jitserve.scheduling.gmax.scoring import FairShare, Score
 from jitserve.scheduling.gmax.sequencing import Sequencer, group_key
 from jitserve.scheduling.overload import OverloadControl
 from jitserve.scheduling.staged import StagedPolicy
 from jitserve.scheduling.table import one_row
 
-__all__ = ["GMAX", "latency_tokens_reachable"]
+__all__ = ["GMAX"]
 
 
 class GMAX(StagedPolicy):
     name = "gmax"
     chunked_prefill = True
 
-    def __init__(
-        self,
-        spec: SLOPolicySpec | None = None,
-        seed: int = 0,
-        overload: OverloadControl | None = None,
-    ) -> None:
+    def __init__(self, spec: SLOPolicySpec | None = None, seed: int = 0,
+                 overload: OverloadControl | None = None) -> None:
         super().__init__(overload)
         self.fair = FairShare()
         self.scorer = Score(self.fair)
@@ -68,19 +45,11 @@ class GMAX(StagedPolicy):
     def profile(self, spec: SLOPolicySpec) -> list[Stage]:
         """The stages ``scheduler.mechanisms`` selects (the pacer keeps its rate across a
         reload that keeps it)."""
-        s = spec.scheduler
-        m = s.mechanisms
-        if not m.prefill_pacing:
-            self.pacer = None
-        elif self.pacer is None:
-            self.pacer = PrefillPacer()
-        stages: list[Stage] = [self.scorer]
-        if self.pacer is not None:
-            stages.append(self.pacer)
-        stages += [self.group, self.sequencer]
-        if m.preemption and s.preemption.enabled:
-            stages.append(self.preemptor)
-        return stages
+        m = spec.scheduler.mechanisms
+        self.pacer = (self.pacer or PrefillPacer()) if m.prefill_pacing else None
+        pace = [self.pacer] if self.pacer is not None else []
+        preempt = [self.preemptor] if m.preemption and spec.scheduler.preemption.enabled else []
+        return [self.scorer, *pace, self.group, self.sequencer, *preempt]
 
     # ---- between frames ---------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:

@@ -20,15 +20,11 @@ from collections import defaultdict
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.fairshare import fair_claims
 from jitserve.policy import FairnessSettings, SLOPolicySpec
+from jitserve.scheduling.estimators.remaining import normal_quantile
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.priorities import (
-    MIN_TIME_S,
-    ScoreAt,
-    fair_claims,
-    normal_quantile,
-    score_features,
-)
+from jitserve.scheduling.gmax.priorities import MIN_TIME_S, ScoreAt, score_features
 from jitserve.scheduling.scores import Scores, Speeds
 from jitserve.scheduling.table import Features, TenantCodes, features_of
 
@@ -73,7 +69,8 @@ class FairShare:
             self.claims = np.zeros(0)
             return
         live = [codes.names[c] for c in np.unique(tenant).tolist()]
-        by_name = fair_claims(live, self.earned, self.settings, self.asked)
+        weights = {t: self.settings.weight_of(t) for t in live}
+        by_name = fair_claims(live, self.earned, weights, self.asked)
         self.claims = np.array([by_name.get(name, 1.0) for name in codes.names])
         self.scale = 2.0 * median
 

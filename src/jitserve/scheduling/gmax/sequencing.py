@@ -1,17 +1,11 @@
-"""GMAX's sequencer: the order in which the group's waiting members start, and which of
-them can still start in time (paper section 4.2; seed 003 on urgency under overload).
-
-The start order is by latest start (the start that still earns the full gain), or by
-priority with ``mechanisms.latestStartSequencing`` off; with fairness weight ``f > 0`` it
-is blended with the tenants' fair-share order (urgency is a claim on your own share),
-positions in each order weighted ``1 - f`` and ``f``. With latest-start sequencing, the
-members that would start too late leave the group
-(:func:`admit_feasible`). The blend's scale is kept between
-frames so that an arrival gets a key on the same scale.
-
-The stage writes the waiting requests' keys into the table (the group's members by start
-order, everyone else after them by priority) and names the members as what the policy
-plans to start (``frame.keep``).
+"""GMAX's sequencer (paper section 4.2; seed 003 on urgency under overload): the order
+in which the group's waiting members start, by latest start (or by priority with
+``mechanisms.latestStartSequencing`` off), blended with f > 0 with the tenants'
+fair-share order (urgency is a claim on your own share: positions in each order weighted
+``1 - f`` and ``f``, the blend's scale kept between frames for arrivals); the members
+that would start too late leave the group (:func:`admit_feasible`). It writes the
+waiting requests' queue keys (members by start order, everyone else after them by
+priority) and names the members as what the policy keeps (``frame.keep``).
 """
 
 from __future__ import annotations
