@@ -102,6 +102,8 @@ def test_subresources_printer_columns_and_short_name() -> None:
     assert columns["Attainment"]["jsonPath"] == ".status.recentAttainment.overall"
     assert columns["Lifetime"]["jsonPath"] == ".status.attainment.overall"
     assert columns["Lifetime"]["priority"] == 1
+    assert columns["Jain"]["jsonPath"] == ".status.fairness.jainIndex"
+    assert columns["Jain"]["priority"] == 1
     assert crd["names"]["shortNames"] == ["slop"]
 
 

@@ -290,6 +290,8 @@ def test_windowed_attainment_follows_a_patch_of_p(
             meeting.join(timeout=120)
         assert len(met) >= 24 and set(met) == {200}
         assert row["LIFETIME"] == "1" and float(row["EFFECTIVE-P"]) == 0.9
+        # one tenant got all the goodput it asked for: its max-min share, Jain's index 1
+        assert row["JAIN"] == "1"
 
         patch = '{"spec":{"scheduler":{"cutoff":{"value":0.5}}}}'
         result = kubectl("patch", "slop", name, "-n", NS_WINDOW, "--type", "merge", "-p", patch)

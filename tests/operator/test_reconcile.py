@@ -180,7 +180,9 @@ def test_status_reads_sidecar_metrics_of_running_pods() -> None:
             'jitserve_requests_total{tenant="a",kind="latency",slo_class="x",outcome="met"} 9\n'
             'jitserve_requests_total{tenant="a",kind="latency",slo_class="x",outcome="missed"} 1\n'
             f'jitserve_goodput_tokens_total{{tenant="a",kind="latency",slo_class="x"}} {total}\n'
+            f'jitserve_tenant_demand_tokens_total{{tenant="a"}} {2 * total}\n'
             "jitserve_effective_cutoff 0.9\n"
+            "jitserve_fairness_weight 0.5\n"
         )
 
     clock = iter([0.0, 2.0])
@@ -193,6 +195,11 @@ def test_status_reads_sidecar_metrics_of_running_pods() -> None:
     assert status["effectiveCutoff"] == 0.9
     assert status["goodputTokensPerSecond"] == 100.0
     assert status["scrapedPods"] == 1
+    assert status["fairness"] == {
+        "weightInEffect": 0.5, "jainIndex": 1.0,
+        "tenants": [{"name": "a", "demandTokens": 400, "goodputTokens": 200,
+                     "maxMinShare": 1.0, "goodputShare": 1.0}],
+    }
 
 
 @pytest.mark.parametrize(

@@ -260,6 +260,14 @@ def crd_object(*, cel: bool = True) -> JSON:
             "description": "SLO attainment since the serving pods started.",
         },
         {
+            "name": "Jain",
+            "type": "number",
+            "jsonPath": ".status.fairness.jainIndex",
+            "priority": 1,
+            "description": "Jain's index of the tenants' goodput over their max-min fair "
+            "shares, over the attainment window (1: every tenant its share).",
+        },
+        {
             "name": "Goodput",
             "type": "number",
             "jsonPath": ".status.goodputTokensPerSecond",

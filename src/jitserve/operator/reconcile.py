@@ -28,6 +28,7 @@ from jitserve.operator import constants as c
 from jitserve.operator import events
 from jitserve.operator import gateway_builders as gb
 from jitserve.operator import status as st
+from jitserve.operator.fairness_status import fairness_status
 from jitserve.operator.kube import JSON, Kube, KubeError
 from jitserve.operator.routing import policy_url
 from jitserve.policy import PolicyError, SLOPolicySpec, load_policy
@@ -272,6 +273,8 @@ class Scrape:
     samples: list[st.SidecarSample]
     goodput_per_s: float | None
     recent: tuple[st.Outcomes, float]
+    tenants: st.Outcomes = field(default_factory=dict)
+    """(tenant, "demand" | "goodput") -> tokens over the same window as ``recent``."""
     failed: int = 0
 
 
@@ -285,11 +288,13 @@ class Scraper:
     clock: Callable[[], float] = time.monotonic
     _last: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     _history: dict[str, st.OutcomeHistory] = field(default_factory=dict)
+    _tenants: dict[str, st.OutcomeHistory] = field(default_factory=dict)
 
     def scrape(self, key: str, urls: list[str], window_s: float = 300.0) -> Scrape:
         samples: list[st.SidecarSample] = []
         totals: dict[str, tuple[float, float]] = {}
         outcomes: dict[str, st.Outcomes] = {}
+        tenants: dict[str, st.Outcomes] = {}
         failed = 0
         t = self.clock()
         for url in urls:
@@ -301,15 +306,19 @@ class Scraper:
             samples.append(sample)
             totals[url] = (t, sample.goodput_tokens)
             outcomes[url] = sample.outcomes
+            tenants[url] = sample.tenants
         rate = st.goodput_rate(self._last.get(key, {}), totals)
         self._last[key] = totals
         history = self._history.setdefault(key, st.OutcomeHistory())
         history.add(t, outcomes, window_s)
-        return Scrape(samples, rate, history.recent(), failed)
+        by_tenant = self._tenants.setdefault(key, st.OutcomeHistory())
+        by_tenant.add(t, tenants, window_s)
+        return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed)
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)
         self._history.pop(key, None)
+        self._tenants.pop(key, None)
 
 
 def reconcile(
@@ -346,6 +355,9 @@ def reconcile(
         goodput_per_s=None if scrape is None else scrape.goodput_per_s,
         now=now or now_iso(),
         recent=None if scrape is None else scrape.recent,
+        fairness=None if scrape is None else fairness_status(
+            scrape.tenants, spec.fairness,
+            [s.fairness_weight for s in scrape.samples if s.fairness_weight is not None]),
         pods=out.pods,
         gateway=out.gateway,
         gateway_wanted=out.gateway_wanted,

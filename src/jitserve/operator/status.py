@@ -6,7 +6,11 @@ scraped from the sidecars' ``/metrics`` (the sidecar metrics contract):
 - ``jitserve_requests_total{tenant,kind,slo_class,outcome}``, outcome in
   met|missed|retired|cancelled|error; attainment per kind = met / (met+missed+retired);
 - ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``: goodput tokens, a counter;
-- ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now.
+- ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now;
+  ``jitserve_fairness_weight``: the f it uses now;
+- ``jitserve_tenant_demand_tokens_total{tenant}``: tokens the tenant's admitted requests
+  asked for (with goodput by tenant: ``status.fairness``,
+  :mod:`~jitserve.operator.fairness_status`).
 
 Attainment is reported twice: ``attainment`` over the pods' lifetime (their counters) and
 ``recentAttainment`` over the last ``spec.reporting.attainmentWindowSeconds``, from the
@@ -23,7 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jitserve.goodput import ATTAINMENT_OUTCOMES
 from jitserve.operator.replica_status import gateway_status, replica_status
-from jitserve.policy import Attainment, Condition, ConditionType, GatewayStatus, SLOPolicyStatus
+from jitserve.policy import (
+    Attainment,
+    Condition,
+    ConditionType,
+    FairnessStatus,
+    GatewayStatus,
+    SLOPolicyStatus,
+)
 
 JSON = dict[str, Any]
 
@@ -43,6 +54,9 @@ class SidecarSample:
     outcomes: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, outcome) -> count
     goodput_tokens: float = 0.0
     effective_cutoff: float | None = None
+    fairness_weight: float | None = None
+    tenants: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(tenant, "demand" | "goodput") -> tokens, the counters' totals."""
 
 
 def parse_metrics(text: str) -> SidecarSample:
@@ -55,12 +69,21 @@ def parse_metrics(text: str) -> SidecarSample:
                 sample.outcomes[key] = sample.outcomes.get(key, 0.0) + float(s.value)
             elif s.name == "jitserve_goodput_tokens_total":
                 sample.goodput_tokens += float(s.value)
+                _add(sample.tenants, (s.labels.get("tenant", ""), "goodput"), float(s.value))
+            elif s.name == "jitserve_tenant_demand_tokens_total":
+                _add(sample.tenants, (s.labels.get("tenant", ""), "demand"), float(s.value))
             elif s.name == "jitserve_effective_cutoff":
                 sample.effective_cutoff = float(s.value)
+            elif s.name == "jitserve_fairness_weight":
+                sample.fairness_weight = float(s.value)
     return sample
 
 
-Outcomes = dict[tuple[str, str], float]  # (kind, outcome) -> count
+def _add(into: dict[tuple[str, str], float], key: tuple[str, str], value: float) -> None:
+    into[key] = into.get(key, 0.0) + value
+
+
+Outcomes = dict[tuple[str, str], float]  # (kind, outcome) -> count; also (tenant, what)
 
 
 def attainment(samples: Iterable[SidecarSample]) -> Attainment | None:
@@ -117,7 +140,8 @@ def goodput_rate(
 
 @dataclass
 class OutcomeHistory:
-    """Outcome counters per scrape target over time, for attainment over a recent window.
+    """Counters per scrape target over time (outcomes, or tenants' tokens), for their
+    totals over a recent window.
 
     The sidecars' counters only grow (they count since the pod started), so the requests
     of the last ``window`` seconds are the difference between the newest scrape and the
@@ -280,6 +304,7 @@ def build_status(
     goodput_per_s: float | None,
     now: str,
     recent: tuple[Outcomes, float] | None = None,
+    fairness: FairnessStatus | None = None,
     pods: list[JSON] | None = None,
     gateway: JSON | None = None,
     gateway_wanted: bool = False,
@@ -288,7 +313,8 @@ def build_status(
     """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics.
 
     ``recent``: outcome counts over the recent window and the seconds it covers
-    (:meth:`OutcomeHistory.recent`). ``pods``: the serving pods (None: not listed this
+    (:meth:`OutcomeHistory.recent`); ``fairness``: the tenants' shares over the same
+    window. ``pods``: the serving pods (None: not listed this
     time, keep ``replicaStatus``); ``gateway``: the gateway's live Deployment, when
     ``gateway_wanted`` (more than one pod)."""
     rollout = rollout_state(deployment)
@@ -319,6 +345,7 @@ def build_status(
         "recentAttainment",
         "recentWindowSeconds",
         "recentRequests",
+        "fairness",
         "goodputTokensPerSecond",
         "scrapedPods",
         "lastScrapeTime",
@@ -347,6 +374,8 @@ def build_status(
                 status["recentAttainment"] = recent_att.model_dump(
                     mode="json", by_alias=True, exclude_none=True
                 )
+        if fairness is not None:
+            status["fairness"] = fairness.model_dump(mode="json", by_alias=True, exclude_none=True)
         status["lastScrapeTime"] = now
     return status
 

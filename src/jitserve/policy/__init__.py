@@ -64,9 +64,11 @@ from jitserve.policy.status import (
     Attainment,
     Condition,
     ConditionType,
+    FairnessStatus,
     GatewayStatus,
     ReplicaStatus,
     SLOPolicyStatus,
+    TenantShare,
 )
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "CutoffMode",
     "CutoffSettings",
     "FairnessSettings",
+    "FairnessStatus",
     "GatewayStatus",
     "IngressSpec",
     "LatencyDefaults",
@@ -105,6 +108,7 @@ __all__ = [
     "SLOPolicyStatus",
     "SchedulerSettings",
     "SidecarSpec",
+    "TenantShare",
     "TenantSpec",
     "batch_shape",
     "default_engine_queue",

@@ -16,6 +16,10 @@ MAX_REPLICA_STATUS = 2000
 may run both versions' pods)."""
 
 
+MAX_TENANT_STATUS = 1002
+"""Tenants listed in ``status.fairness`` (the policy's at most 1,000, 'default', 'other')."""
+
+
 class ConditionType(StrEnum):
     READY = "Ready"
     PROGRESSING = "Progressing"
@@ -74,6 +78,34 @@ class GatewayStatus(_Model):
     ready_replicas: int = Field(default=0, ge=0, description="Gateway pods that are ready.")
 
 
+class TenantShare(_Model):
+    """One tenant's service against its max-min fair share over the recent window."""
+
+    name: str = Field(max_length=253, description="The tenant, as the sidecars label it "
+                      "(the policy's tenants, 'default', and 'other' for any tenant not known).")
+    demand_tokens: float = Field(ge=0, description="Tokens its admitted requests asked for "
+                                 "(prompt + max_tokens) in the window, fleet-wide.")
+    goodput_tokens: float = Field(ge=0, description="Goodput tokens it earned in the window.")
+    max_min_share: Fraction = Field(description="Its max-min fair share of the window's "
+                                    "goodput: the tenants' demands water-filled by weight.")
+    goodput_share: Fraction = Field(description="Its share of the window's goodput.")
+
+
+class FairnessStatus(_Model):
+    """Fairness as the tenants got it, over ``status.recentWindowSeconds`` (issue 27)."""
+
+    weight_in_effect: float | None = Field(
+        default=None, ge=0, le=1, description="Mean f the sidecars' schedulers use now: "
+        "spec.fairness.weight, or 0 with scheduler.mechanisms.fairness off or a scheduler "
+        "without fairness.")
+    jain_index: Fraction = Field(description="Jain's index of the tenants' goodput over their "
+                                 "max-min shares: 1 when every tenant got its share.")
+    tenants: list[TenantShare] = Field(
+        default_factory=list, max_length=MAX_TENANT_STATUS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Each tenant that asked or earned in the window, by name.")
+
+
 class SLOPolicyStatus(_Model):
     """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
 
@@ -109,6 +141,11 @@ class SLOPolicyStatus(_Model):
     )
     effective_cutoff: float | None = Field(
         default=None, ge=0, le=1, description="Mean p the sidecars use now."
+    )
+    fairness: FairnessStatus | None = Field(
+        default=None,
+        description="Each tenant's goodput share against its max-min fair share, and Jain's "
+        "index, over recentWindowSeconds (absent before a window with goodput).",
     )
     attainment: Attainment | None = Field(
         default=None,

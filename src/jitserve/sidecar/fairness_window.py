@@ -7,7 +7,10 @@ goodput earned in the window as the capacity, water-filled by the tenants' weigh
 (:func:`jitserve.fairshare.max_min_shares`). At scrape, per tenant (the metrics' bounded
 tenant label): ``jitserve_tenant_max_min_share`` and ``jitserve_tenant_goodput_share``
 (ratios of the window's goodput), and ``jitserve_fairness_jain_index`` over the
-received / fair ratios. Nothing is emitted for a window without goodput.
+received / fair ratios. Nothing is emitted for a window without goodput. The demand
+itself is a counter, ``jitserve_tenant_demand_tokens_total{tenant}``, from which the
+operator computes the same figures fleet-wide over its own window (beside
+``jitserve_goodput_tokens_total``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from jitserve.fairshare import fair_allocation, jain_index
@@ -32,10 +35,12 @@ class FairnessWindow(Collector):
         """The policy's fairness section (weights, window), replaced on reload."""
         self._asked: deque[tuple[float, str, float]] = deque()
         self._earned: deque[tuple[float, str, float]] = deque()
+        self._asked_total: dict[str, float] = defaultdict(float)
 
     def asked(self, tenant: str, tokens: float) -> None:
         """A request of ``tenant`` asking for ``tokens`` (prompt + max_tokens) was admitted."""
         self._asked.append((self.clock(), tenant, tokens))
+        self._asked_total[self.label(tenant)] += tokens
 
     def earned(self, tenant: str, goodput_tokens: float) -> None:
         if goodput_tokens:
@@ -65,7 +70,14 @@ class FairnessWindow(Collector):
             got_by[self.label(tenant)] += received[tenant] / capacity
         return dict(fair_by), dict(got_by), jain
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        demand = CounterMetricFamily(
+            "jitserve_tenant_demand_tokens", "Tokens the tenant's admitted requests asked for "
+            "(prompt + max_tokens): its demand, what its max-min fair share is water-filled "
+            "from.", labels=["tenant"])
+        for tenant, tokens in sorted(self._asked_total.items()):
+            demand.add_metric([tenant], tokens)
+        yield demand
         window = f"{self.settings.window_seconds:g} s"
         fair = GaugeMetricFamily(
             "jitserve_tenant_max_min_share", f"Each tenant's max-min fair share of the goodput "
