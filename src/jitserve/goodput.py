@@ -38,6 +38,16 @@ def latency_tokens_on_time(
     return int(np.count_nonzero(token_times <= due + 1e-9))
 
 
+def goodput_if_met(slo: SLO, input_tokens: int, output_tokens: int) -> int:
+    """The goodput tokens a request earns by meeting its SLO: a latency request's output
+    tokens (its prompt never counts), every other kind's input and output tokens. A
+    tenant's demand is the sum over what it sent: the same units as the goodput its fair
+    share is a share of (issue 27)."""
+    if isinstance(slo, LatencySLO):
+        return output_tokens
+    return input_tokens + output_tokens
+
+
 def deadline_goodput(
     input_tokens: int, output_tokens: int, finish_s: float, deadline_abs_s: float
 ) -> int:

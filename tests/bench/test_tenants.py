@@ -48,12 +48,15 @@ def test_weights_move_the_max_min_share_and_one_tenant_says_nothing() -> None:
     assert "Jain's index" in table and "| - | 1.50 | gmax | a |" in table
 
 
-def test_demand_counts_every_token_a_tenant_sent() -> None:
+def test_demand_counts_the_goodput_each_item_would_earn_meeting_its_slo() -> None:
+    """A deadline request or program earns its prompt and output tokens, a latency
+    request only its output tokens: demand in the units of the goodput it shares."""
     program = Program("p", "b", 0.0, CompoundSLO(30.0),
                       (Stage((LLMCall(10, 5), LLMCall(20, 5))),))
     items = [Request("r1", "a", DeadlineSLO(5.0), 100, 0.0, output_tokens=50),
-             Request("r2", "a", DeadlineSLO(5.0), 10, 1.0, output_tokens=5), program]
-    assert offered_tokens_by_tenant(items) == {"a": 165, "b": 40}
+             Request("r2", "a", DeadlineSLO(5.0), 10, 1.0, output_tokens=5), program,
+             Request("r3", "c", LatencySLO(1.0, 0.1), 1000, 2.0, output_tokens=7)]
+    assert offered_tokens_by_tenant(items) == {"a": 165, "b": 40, "c": 7}
 
 
 def test_a_gaming_tenant_claims_tighter_and_the_contract_clamps_or_drops_it() -> None:

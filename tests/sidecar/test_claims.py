@@ -132,6 +132,10 @@ def test_through_the_sidecar_a_claim_beyond_is_clamped_or_refused_and_counted(
         assert metric(text, name, tenant="a", field="x-llm-d-slo-class",
                       action="refused") == 1
         assert metric_total(text, name, tenant="b") == 0
+        # demand, in goodput units: an admitted latency request would earn its 4 output
+        # tokens (its prompt never counts); the refused one asked for nothing
+        demand = "jitserve_tenant_demand_tokens_total"
+        assert metric(text, demand, tenant="a") == 4 and metric(text, demand, tenant="b") == 4
     finally:
         s.close()
         fake.close()

@@ -2,7 +2,8 @@
 fair share, and Jain's index (issue 27: f is measured against max-min shares, not an
 equal split).
 
-Demand is the prompt and output tokens of everything a tenant sent in the run
+Demand is the goodput everything a tenant sent in the run would earn by meeting its SLO
+(:func:`jitserve.goodput.goodput_if_met`: the same units as the goodput shared)
 (``demand_tokens_by_tenant``); the capacity shared is the goodput the run earned; the
 max-min share water-fills that capacity over the demands by weight
 (:func:`jitserve.fairshare.max_min_shares`).

@@ -83,8 +83,9 @@ class TenantShare(_Model):
 
     name: str = Field(max_length=253, description="The tenant, as the sidecars label it "
                       "(the policy's tenants, 'default', and 'other' for any tenant not known).")
-    demand_tokens: float = Field(ge=0, description="Tokens its admitted requests asked for "
-                                 "(prompt + max_tokens) in the window, fleet-wide.")
+    demand_tokens: float = Field(ge=0, description="The goodput its admitted requests would "
+                                 "earn by meeting their SLOs (a latency request: max_tokens; "
+                                 "others: prompt + max_tokens), in the window, fleet-wide.")
     goodput_tokens: float = Field(ge=0, description="Goodput tokens it earned in the window.")
     max_min_share: Fraction = Field(description="Its max-min fair share of the window's "
                                     "goodput: the tenants' demands water-filled by weight.")

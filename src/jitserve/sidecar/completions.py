@@ -28,6 +28,7 @@ import time
 
 from aiohttp import web
 
+from jitserve.goodput import goodput_if_met
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import Request
 from jitserve.sidecar import intake, passthrough, request_ids, responses
@@ -121,7 +122,8 @@ class CompletionRoutes:
                              forward_path=passthrough.path_of(parsed),
                              queue_ttl_s=parsed.queue_ttl_s)
         events.on_overflow = lambda: d.cancel(job)
-        d.report.metrics.fairness.asked(tenant, req.prompt_tokens + (req.max_tokens or 0))
+        d.report.metrics.fairness.asked(
+            tenant, goodput_if_met(req.slo, req.prompt_tokens, req.max_tokens or 0))
         return job, parsed
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:

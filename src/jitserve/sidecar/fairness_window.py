@@ -2,9 +2,11 @@
 window (issue 27; owner: sidecar).
 
 What f is measured against is not an equal split but max-min: each tenant's demand (the
-tokens its admitted requests asked for: prompt + max_tokens) over the window, the
-goodput earned in the window as the capacity, water-filled by the tenants' weights
-(:func:`jitserve.fairshare.max_min_shares`). At scrape, per tenant (the metrics' bounded
+goodput its admitted requests would earn by meeting their SLOs, in the units of the
+goodput it is a share of: a latency request's max_tokens, any other's prompt +
+max_tokens; :func:`jitserve.goodput.goodput_if_met`) over the window, the goodput earned
+in the window as the capacity, water-filled by the tenants' weights
+(:func:`jitserve.fairshare.fair_allocation`). At scrape, per tenant (the metrics' bounded
 tenant label): ``jitserve_tenant_max_min_share`` and ``jitserve_tenant_goodput_share``
 (ratios of the window's goodput), and ``jitserve_fairness_jain_index`` over the
 received / fair ratios. Nothing is emitted for a window without goodput. The demand
@@ -38,7 +40,7 @@ class FairnessWindow(Collector):
         self._asked_total: dict[str, float] = defaultdict(float)
 
     def asked(self, tenant: str, tokens: float) -> None:
-        """A request of ``tenant`` asking for ``tokens`` (prompt + max_tokens) was admitted."""
+        """A request of ``tenant`` that would earn ``tokens`` of goodput was admitted."""
         self._asked.append((self.clock(), tenant, tokens))
         self._asked_total[self.label(tenant)] += tokens
 
@@ -72,9 +74,10 @@ class FairnessWindow(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         demand = CounterMetricFamily(
-            "jitserve_tenant_demand_tokens", "Tokens the tenant's admitted requests asked for "
-            "(prompt + max_tokens): its demand, what its max-min fair share is water-filled "
-            "from.", labels=["tenant"])
+            "jitserve_tenant_demand_tokens", "The goodput the tenant's admitted requests would "
+            "earn by meeting their SLOs (a latency request: max_tokens; others: prompt + "
+            "max_tokens): its demand, what its max-min fair share is water-filled from.",
+            labels=["tenant"])
         for tenant, tokens in sorted(self._asked_total.items()):
             demand.add_metric([tenant], tokens)
         yield demand

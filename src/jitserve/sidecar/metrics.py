@@ -6,7 +6,7 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
 - ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``
 - ``jitserve_requests_total{tenant,kind,slo_class,outcome}``, outcome in
   ``met|missed|retired|cancelled|error``
-- ``jitserve_tenant_demand_tokens_total{tenant}`` (prompt + max_tokens asked), and over
+- ``jitserve_tenant_demand_tokens_total{tenant}`` (the goodput asked for), and over
   the fairness window ``jitserve_tenant_max_min_share{tenant}``,
   ``jitserve_tenant_goodput_share{tenant}``, ``jitserve_fairness_jain_index``
 - ``jitserve_effective_cutoff`` (GMAX's p now), ``jitserve_fairness_weight`` (f now)

@@ -31,6 +31,7 @@ from importlib import resources
 import numpy as np
 import numpy.typing as npt
 
+from jitserve.goodput import goodput_if_met
 from jitserve.policy import BeyondContract, FairnessSettings, SLODefaults
 from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
 from jitserve.slo import SLO, DeadlineSLO, LatencySLO, SLOKind
@@ -386,11 +387,12 @@ def _program(
 
 
 def offered_tokens_by_tenant(items: Iterable[Workitem]) -> dict[str, int]:
-    """Each tenant's demand: the prompt and output tokens of every work item it sent (a
-    program: all its calls), served or not."""
+    """Each tenant's demand: the goodput every work item it sent would earn by meeting
+    its SLO (:func:`jitserve.goodput.goodput_if_met`; a program: all its calls' tokens),
+    served or not."""
     out: dict[str, int] = {}
     for item in items:
         tokens = (item.total_tokens if isinstance(item, Program)
-                  else item.prompt_tokens + (item.output_tokens or 0))
+                  else goodput_if_met(item.slo, item.prompt_tokens, item.output_tokens or 0))
         out[item.tenant] = out.get(item.tenant, 0) + tokens
     return dict(sorted(out.items()))

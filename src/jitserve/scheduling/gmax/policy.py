@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jitserve.goodput import goodput_if_met
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.frame import Stage, no_bar
@@ -58,7 +59,8 @@ class GMAX(StagedPolicy):
         queue = self.queue
         row, fresh = self.kept.push(r, now_s)
         if fresh and r.started_s is None:  # an arrival (not a preempted request back): demand
-            self.fair.asked[r.req.tenant] += r.req.prompt_tokens + (r.expected or r.bound)
+            self.fair.asked[r.req.tenant] += goodput_if_met(
+                r.req.slo, r.req.prompt_tokens, r.expected or r.bound)
         one = one_row(queue.features(), row)
         scores = self.scorer.score(one, now_s)
         hopeless = scores.gain <= 0

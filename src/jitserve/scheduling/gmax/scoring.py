@@ -44,7 +44,8 @@ class FairShare:
         self.earned: dict[str, float] = defaultdict(float)
         """Goodput tokens each tenant earned, decayed over ``fairness.windowSeconds``."""
         self.asked: dict[str, float] = defaultdict(float)
-        """Tokens each tenant's arrivals asked for (prompt + expected output), decayed
+        """The goodput each tenant's arrivals would earn by meeting their SLOs (with the
+        expected output: :func:`jitserve.goodput.goodput_if_met`), decayed
         alike: its demand, which its max-min fair share is water-filled from."""
         self.claims: FloatArray = np.zeros(0)
         """Per tenant code, from the last frame (1 for a tenant not seen then)."""
