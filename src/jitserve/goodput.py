@@ -38,7 +38,7 @@ def latency_tokens_on_time(
     return int(np.count_nonzero(token_times <= due + 1e-9))
 
 
-def goodput_if_met(slo: SLO, input_tokens: int, output_tokens: int) -> int:
+def goodput_if_met(slo: SLO, input_tokens: float, output_tokens: float) -> float:
     """The goodput tokens a request earns by meeting its SLO: a latency request's output
     tokens (its prompt never counts), every other kind's input and output tokens. A
     tenant's demand is the sum over what it sent: the same units as the goodput its fair

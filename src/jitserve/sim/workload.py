@@ -393,6 +393,6 @@ def offered_tokens_by_tenant(items: Iterable[Workitem]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         tokens = (item.total_tokens if isinstance(item, Program)
-                  else goodput_if_met(item.slo, item.prompt_tokens, item.output_tokens or 0))
+                  else int(goodput_if_met(item.slo, item.prompt_tokens, item.output_tokens or 0)))
         out[item.tenant] = out.get(item.tenant, 0) + tokens
     return dict(sorted(out.items()))
