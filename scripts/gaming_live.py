@@ -159,10 +159,7 @@ def sim_run(args: argparse.Namespace, name: str, spec: Any, capacity: float) -> 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True, help="the sidecar (jitserve up --backend ...)")
-    p.add_argument("--policy-file", type=Path, required=True,
-                   help="the sidecar's hot-reloaded --config")
-    p.add_argument("--profile", default="cpu-tiny-llama", help="the measured engine profile")
+    live_bench.add_sidecar_twin_arguments(p)
     p.add_argument("--load", type=float, default=1.5, help="x the simulator's capacity")
     p.add_argument("--claim", type=float, default=0.25, help="a's targets x this")
     p.add_argument("--settings", default=",".join(SETTINGS), help="which, comma-separated")

@@ -89,10 +89,7 @@ def pairs_ordered(live: dict[str, list[dict[str, float]]], sim: dict[str, dict[s
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True, help="the sidecar (jitserve up --backend ...)")
-    p.add_argument("--policy-file", type=Path, required=True,
-                   help="the sidecar's hot-reloaded --config")
-    p.add_argument("--profile", default="cpu-tiny-llama", help="the measured engine profile")
+    live_bench.add_sidecar_twin_arguments(p)
     p.add_argument("--loads", default="0.7,1.5", help="x the simulator's capacity")
     p.add_argument("--policies", default="gmax,edf-ac,sarathi-ac,lsf-ac,fcfs")
     p.add_argument("--rounds", type=int, default=3, help="live runs of each policy")

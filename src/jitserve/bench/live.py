@@ -299,6 +299,15 @@ async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: flo
                        f"{timeout_s:.0f} s (is it watching {policy_file}?)")
 
 
+def add_sidecar_twin_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of a script that drives a live sidecar beside its simulator twin:
+    the sidecar, its hot-reloaded policy file, the engine profile the twin runs."""
+    p.add_argument("--url", required=True, help="the sidecar (jitserve up --backend ...)")
+    p.add_argument("--policy-file", type=Path, required=True,
+                   help="the sidecar's hot-reloaded --config")
+    p.add_argument("--profile", default="cpu-tiny-llama", help="the measured engine profile")
+
+
 def add_bench_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="OpenAI-compatible endpoint (the sidecar)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
