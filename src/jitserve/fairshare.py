@@ -11,6 +11,8 @@ summarises how close the service came: 1 when every tenant got its share in prop
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 
@@ -85,3 +87,26 @@ def jain_index(ratios: Iterable[float]) -> float:
     if not xs or squares == 0:
         return 1.0
     return sum(xs) ** 2 / (len(xs) * squares)
+
+
+class DecayedBooks:
+    """Each tenant's demand (``asked``: the goodput its arrivals would earn by meeting
+    their SLOs, :func:`jitserve.goodput.goodput_if_met`) and the goodput it ``earned``,
+    both decayed with the time constant ``window_s``: what a scheduler's claims are
+    computed from (:func:`fair_claims`)."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, float] = defaultdict(float)
+        self.earned: dict[str, float] = defaultdict(float)
+        self._last_s: float | None = None
+
+    def decay(self, now_s: float, window_s: float) -> None:
+        if self._last_s is not None:
+            d = math.exp(-(now_s - self._last_s) / window_s)
+            for book in (self.earned, self.asked):
+                for t in book:
+                    book[t] *= d
+        self._last_s = now_s
+
+    def claims(self, tenants: Iterable[str], weights: Mapping[str, float]) -> dict[str, float]:
+        return fair_claims(tenants, self.earned, weights, self.asked)

@@ -59,7 +59,7 @@ class GMAX(StagedPolicy):
         queue = self.queue
         row, fresh = self.kept.push(r, now_s)
         if fresh and r.started_s is None:  # an arrival (not a preempted request back): demand
-            self.fair.asked[r.req.tenant] += goodput_if_met(
+            self.fair.books.asked[r.req.tenant] += goodput_if_met(
                 r.req.slo, r.req.prompt_tokens, r.expected or r.bound)
         one = one_row(queue.features(), row)
         scores = self.scorer.score(one, now_s)
@@ -107,7 +107,7 @@ class GMAX(StagedPolicy):
 
     def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         self.group.earned(goodput_tokens)
-        self.fair.earned[r.req.tenant] += goodput_tokens
+        self.fair.books.earned[r.req.tenant] += goodput_tokens
 
     def admit_priority(self) -> float:
         """The group's bar: p x the B-th best live priority at the last frame (0 when the

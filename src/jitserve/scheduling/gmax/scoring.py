@@ -14,13 +14,10 @@ entitlement weighs one median priority.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.fairshare import fair_claims
+from jitserve.fairshare import DecayedBooks
 from jitserve.policy import FairnessSettings, SLOPolicySpec
 from jitserve.scheduling.estimators.remaining import normal_quantile
 from jitserve.scheduling.frame import Frame
@@ -41,28 +38,18 @@ class FairShare:
         self.f = 0.0
         """The fairness weight in effect (0 with ``mechanisms.fairness`` off)."""
         self.settings = FairnessSettings()
-        self.earned: dict[str, float] = defaultdict(float)
-        """Goodput tokens each tenant earned, decayed over ``fairness.windowSeconds``."""
-        self.asked: dict[str, float] = defaultdict(float)
-        """The goodput each tenant's arrivals would earn by meeting their SLOs (with the
-        expected output: :func:`jitserve.goodput.goodput_if_met`), decayed
-        alike: its demand, which its max-min fair share is water-filled from."""
+        self.books = DecayedBooks()
+        """Each tenant's demand and goodput, decayed over ``fairness.windowSeconds``."""
         self.claims: FloatArray = np.zeros(0)
         """Per tenant code, from the last frame (1 for a tenant not seen then)."""
         self.scale = 0.0
-        self._last_s: float | None = None
 
     def configure(self, spec: SLOPolicySpec) -> None:
         on = spec.scheduler.mechanisms.fairness
         self.f, self.settings = (spec.fairness.weight if on else 0.0), spec.fairness
 
     def decay(self, now_s: float) -> None:
-        if self._last_s is not None:
-            d = math.exp(-(now_s - self._last_s) / self.settings.window_seconds)
-            for book in (self.earned, self.asked):
-                for t in book:
-                    book[t] *= d
-        self._last_s = now_s
+        self.books.decay(now_s, self.settings.window_seconds)
 
     def update(self, tenant: npt.NDArray[np.int64], codes: TenantCodes, median: float) -> None:
         """New claims for the tenants of the live requests (``tenant``: their codes)."""
@@ -71,7 +58,7 @@ class FairShare:
             return
         live = [codes.names[c] for c in np.unique(tenant).tolist()]
         weights = {t: self.settings.weight_of(t) for t in live}
-        by_name = fair_claims(live, self.earned, weights, self.asked)
+        by_name = self.books.claims(live, weights)
         self.claims = np.array([by_name.get(name, 1.0) for name in codes.names])
         self.scale = 2.0 * median
 

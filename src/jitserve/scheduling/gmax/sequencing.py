@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import defaultdict
+from collections import Counter
 
 import numpy as np
 import numpy.typing as npt
@@ -62,15 +62,12 @@ class Sequencer:
     def admits(self, priority: float, latest_start_s: float, now_s: float) -> bool:
         """Would an arrival with ``priority`` and this latest start join the group now:
         worth more than what the last frame displaced, and not too late to start?"""
-        return priority > self.frontier and not self.late(latest_start_s, now_s)
+        late = self.by_latest_start and latest_start_s < now_s
+        return priority > self.frontier and not late
 
     def order(self, scores: Scores, priority: FloatArray) -> FloatArray:
         """Each request's own start order value, lower first."""
         return scores.latest_start if self.by_latest_start else -priority
-
-    def late(self, latest_start_s: float, now_s: float) -> bool:
-        """Can an arrival with this latest start no longer start in time?"""
-        return self.by_latest_start and latest_start_s < now_s
 
     def _blend(self, frame: Frame, base: FloatArray) -> FloatArray:
         """The members' start keys with the tenants' fair-share order blended in."""
@@ -80,9 +77,7 @@ class Sequencer:
         tenant, claims = frame.live.tenant, self.fair.claims
         members = np.flatnonzero(chosen[first:]) + first
         self._bases = sorted(base[members].tolist())
-        counts: dict[int, int] = defaultdict(int)
-        for t in tenant[members].tolist():
-            counts[t] += 1
+        counts = Counter(tenant[members].tolist())  # in order of first appearance
         total = max(members.size, 1)
         self._tenant_pos = {}
         ahead = 0
