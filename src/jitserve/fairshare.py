@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 
 def max_min_shares(
@@ -55,6 +56,34 @@ def fair_allocation(
         return None
     wanted = {t: max(demand.get(t, 0.0), received.get(t, 0.0)) for t in live}
     return max_min_shares(wanted, weights, total), total
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """What the tenants got against their max-min fair shares: each one's fair share and
+    received share of the ``total`` service (ratios), and Jain's index over received / fair."""
+
+    max_min: dict[str, float]
+    received: dict[str, float]
+    jain: float
+    total: float
+
+
+def shares_of(
+    tenants: Iterable[str], demand: Mapping[str, float], received: Mapping[str, float],
+    weights: Mapping[str, float],
+) -> Shares | None:
+    """The tenants' :class:`Shares` of what they received together, their demand
+    water-filled by weight (:func:`fair_allocation`); None when they received nothing.
+    What the sidecar's gauges, the SLOPolicy status and the bench report."""
+    allocation = fair_allocation(tenants, demand, received, weights)
+    if allocation is None:
+        return None
+    fair, total = allocation
+    got = {t: received.get(t, 0.0) for t in fair}
+    jain = jain_index(got[t] / fair[t] for t in fair if fair[t] > 0)
+    return Shares({t: fair[t] / total for t in fair}, {t: got[t] / total for t in fair}, jain,
+                  total)
 
 
 def fair_claims(

@@ -6,7 +6,7 @@ Demand is the goodput everything a tenant sent in the run would earn by meeting 
 (:func:`jitserve.goodput.goodput_if_met`: the same units as the goodput shared)
 (``demand_tokens_by_tenant``); the capacity shared is the goodput the run earned; the
 max-min share water-fills that capacity over the demands by weight
-(:func:`jitserve.fairshare.max_min_shares`).
+(:func:`jitserve.fairshare.shares_of`, as the sidecar and the SLOPolicy status do).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jitserve.fairshare import jain_index, max_min_shares
+from jitserve.fairshare import shares_of
 
 
 def tenant_fairness(
@@ -25,13 +25,13 @@ def tenant_fairness(
     goodput."""
     got: dict[str, float] = entry.get("goodput_tokens_by_tenant") or {}
     demand: dict[str, float] = entry.get("demand_tokens_by_tenant") or {}
-    total, asked = sum(got.values()), sum(demand.values())
-    if len(demand) < 2 or total <= 0 or asked <= 0:
+    asked = sum(demand.values())
+    shares = shares_of(demand, demand, got, {t: weight_of(t) for t in demand})
+    if len(demand) < 2 or asked <= 0 or shares is None:
         return None
-    fair = max_min_shares(demand, {t: weight_of(t) for t in demand}, total)
-    rows = [{"tenant": t, "demand_share": demand[t] / asked, "max_min_share": fair[t] / total,
-             "goodput_share": got.get(t, 0.0) / total} for t in sorted(demand)]
-    return rows, jain_index(got.get(t, 0.0) / fair[t] for t in demand if fair[t] > 0)
+    rows = [{"tenant": t, "demand_share": demand[t] / asked, "max_min_share": shares.max_min[t],
+             "goodput_share": shares.received[t]} for t in sorted(demand)]
+    return rows, shares.jain
 
 
 def tenants_markdown(summary: list[dict[str, Any]], weight_of: Callable[[str], float]) -> str:

@@ -1,26 +1,22 @@
 """``status.fairness`` of an SLOPolicy: each tenant's goodput share against its max-min
 fair share, fleet-wide, over the recent window (issue 27; pure).
 
-The sidecars count, per tenant label, the tokens their admitted requests asked for
-(``jitserve_tenant_demand_tokens_total``) and the goodput tokens they earned
+The sidecars count, per tenant label, the goodput their admitted requests would earn by
+meeting their SLOs (``jitserve_tenant_demand_tokens_total``) and the goodput they earned
 (``jitserve_goodput_tokens_total``). The operator keeps both per pod across scrapes, as
 it keeps the outcome counters (:class:`~jitserve.operator.status.OutcomeHistory`), so the
 window's figures are differences of counters summed over the pods: demand water-filled
 by the policy's weights over the goodput the fleet earned
-(:func:`jitserve.fairshare.fair_allocation`, as each sidecar and GMAX compute it).
+(:func:`jitserve.fairshare.shares_of`, as each sidecar computes it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jitserve.fairshare import fair_allocation, jain_index
+from jitserve.fairshare import shares_of
+from jitserve.operator.status import DEMAND, GOODPUT
 from jitserve.policy import FairnessSettings, FairnessStatus, TenantShare
-
-DEMAND = "demand"
-GOODPUT = "goodput"
-TenantTotals = dict[tuple[str, str], float]
-"""(tenant label, DEMAND or GOODPUT) -> tokens."""
 
 
 def fairness_status(
@@ -28,30 +24,28 @@ def fairness_status(
     settings: FairnessSettings,
     weights_in_effect: list[float],
 ) -> FairnessStatus | None:
-    """The window's fairness figures from its per-tenant token ``totals``; None when the
-    fleet earned no goodput in it. ``weights_in_effect``: each sidecar's f gauge."""
+    """The window's fairness figures from its per-tenant token ``totals`` ((tenant,
+    DEMAND or GOODPUT) -> tokens); None when the fleet earned no goodput in it.
+    ``weights_in_effect``: each sidecar's f gauge."""
     demand = {t: v for (t, what), v in totals.items() if what == DEMAND}
     received = {t: v for (t, what), v in totals.items() if what == GOODPUT}
     tenants = set(demand) | set(received)
-    weights = {t: settings.weight_of(t) for t in tenants}
-    allocation = fair_allocation(tenants, demand, received, weights)
-    if allocation is None:
+    shares = shares_of(tenants, demand, received, {t: settings.weight_of(t) for t in tenants})
+    if shares is None:
         return None
-    fair, total = allocation
-    shares = [
+    rows = [
         TenantShare(
             name=t,
             demand_tokens=round(max(demand.get(t, 0.0), 0.0)),
             goodput_tokens=round(max(received.get(t, 0.0), 0.0)),
-            max_min_share=round(min(fair[t] / total, 1.0), 4),
-            goodput_share=round(min(max(received.get(t, 0.0), 0.0) / total, 1.0), 4),
+            max_min_share=round(min(shares.max_min[t], 1.0), 4),
+            goodput_share=round(min(max(shares.received[t], 0.0), 1.0), 4),
         )
-        for t in sorted(fair)
+        for t in sorted(shares.max_min)
     ]
     f = sum(weights_in_effect) / len(weights_in_effect) if weights_in_effect else None
-    jain = jain_index(received.get(t, 0.0) / fair[t] for t in fair if fair[t] > 0)
     return FairnessStatus(
         weight_in_effect=None if f is None else round(f, 4),
-        jain_index=round(jain, 4),
-        tenants=shares,
+        jain_index=round(shares.jain, 4),
+        tenants=rows,
     )

@@ -8,8 +8,8 @@ scraped from the sidecars' ``/metrics`` (the sidecar metrics contract):
 - ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``: goodput tokens, a counter;
 - ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now;
   ``jitserve_fairness_weight``: the f it uses now;
-- ``jitserve_tenant_demand_tokens_total{tenant}``: tokens the tenant's admitted requests
-  asked for (with goodput by tenant: ``status.fairness``,
+- ``jitserve_tenant_demand_tokens_total{tenant}``: the goodput the tenant's admitted
+  requests would earn by meeting their SLOs (with goodput by tenant: ``status.fairness``,
   :mod:`~jitserve.operator.fairness_status`).
 
 Attainment is reported twice: ``attainment`` over the pods' lifetime (their counters) and
@@ -39,6 +39,7 @@ from jitserve.policy import (
 JSON = dict[str, Any]
 
 _COUNTED = ATTAINMENT_OUTCOMES
+DEMAND, GOODPUT = "demand", "goodput"  # a sample's per-tenant token counters
 _KIND_FIELDS = {
     "latency": "latency",
     "deadline": "deadline",
@@ -56,7 +57,7 @@ class SidecarSample:
     effective_cutoff: float | None = None
     fairness_weight: float | None = None
     tenants: dict[tuple[str, str], float] = field(default_factory=dict)
-    """(tenant, "demand" | "goodput") -> tokens, the counters' totals."""
+    """(tenant, DEMAND | GOODPUT) -> tokens, the counters' totals."""
 
 
 def parse_metrics(text: str) -> SidecarSample:
@@ -69,9 +70,9 @@ def parse_metrics(text: str) -> SidecarSample:
                 sample.outcomes[key] = sample.outcomes.get(key, 0.0) + float(s.value)
             elif s.name == "jitserve_goodput_tokens_total":
                 sample.goodput_tokens += float(s.value)
-                _add(sample.tenants, (s.labels.get("tenant", ""), "goodput"), float(s.value))
+                _add(sample.tenants, (s.labels.get("tenant", ""), GOODPUT), float(s.value))
             elif s.name == "jitserve_tenant_demand_tokens_total":
-                _add(sample.tenants, (s.labels.get("tenant", ""), "demand"), float(s.value))
+                _add(sample.tenants, (s.labels.get("tenant", ""), DEMAND), float(s.value))
             elif s.name == "jitserve_effective_cutoff":
                 sample.effective_cutoff = float(s.value)
             elif s.name == "jitserve_fairness_weight":

@@ -64,9 +64,7 @@ class ClaimBounds(_Model):
             tbt = max(slo.tbt_s, (self.tbt_ms or 0.0) / 1e3)
             return LatencySLO(ttft, tbt)
         bound = self.deadline_bound(slo, stages)
-        if bound is not None and not isinstance(slo, LatencySLO):
-            return replace(slo, deadline_s=max(slo.deadline_s, bound))
-        return slo
+        return slo if bound is None else replace(slo, deadline_s=max(slo.deadline_s, bound))
 
 
 def _best_effort(slo: SLO) -> bool:

@@ -35,6 +35,7 @@ from jitserve.policy.pod import PodSettings, pod_problems, pod_webhook_problems
 from jitserve.policy.scheduler import Objective, SchedulerSettings
 from jitserve.policy.serving import IngressSpec, ModelSpec, ReportingSettings, SidecarSpec
 from jitserve.policy.slo import SLODefaults
+from jitserve.slo import SLO
 
 
 class TenantSpec(_Model):
@@ -85,16 +86,26 @@ class FairnessSettings(_Model):
         return next((spec for spec in self.tenants if spec.name == name), None)
 
     def weight_of(self, tenant: str) -> float:
-        for spec in self.tenants:
-            if spec.name == tenant:
-                return spec.weight
-        return 1.0
+        spec = self.tenant(tenant)
+        return spec.weight if spec is not None else 1.0
 
     def default_class_of(self, tenant: str) -> str | None:
-        for spec in self.tenants:
-            if spec.name == tenant:
-                return spec.default_class
-        return None
+        spec = self.tenant(tenant)
+        return spec.default_class if spec is not None else None
+
+    def hold(self, tenant: str, slo: SLO, stages: int = 1) -> tuple[SLO | None, list[str]]:
+        """(``slo`` as ``tenant``'s contract holds it — clamped to its ``tightest`` bounds,
+        or None when ``beyondContract: refuse`` refuses it —, the fields it claimed beyond
+        them). ``stages``: a compound program's, when known. The one rule the sidecar, the
+        gateway and the simulator apply."""
+        spec = self.tenant(tenant)
+        bounds = spec.tightest if spec is not None else None
+        beyond = bounds.beyond(slo, stages) if bounds is not None else []
+        if bounds is None or not beyond:
+            return slo, []
+        if self.beyond_contract is BeyondContract.REFUSE:
+            return None, beyond
+        return bounds.clamp(slo, stages), beyond
 
 
 class OverloadAction(StrEnum):

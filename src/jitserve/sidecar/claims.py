@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jitserve.policy import BeyondContract, FairnessSettings
+from jitserve.policy import FairnessSettings
 from jitserve.sidecar.api import ParsedRequest
 from jitserve.sidecar.errors import APIError
 
@@ -35,14 +35,10 @@ def hold_to_contract(parsed: ParsedRequest, tenant: str,
         raise APIError(403, f"{param}: tenant {tenant!r} may not use SLO class "
                        f"{name[:63]!r} (its classes: {allowed})", type_="permission_error",
                        param=param, code="class_not_in_contract")
-    bounds = contract.tightest
     stages = (parsed.program.stages or 1) if parsed.program is not None else 1
-    beyond = bounds.beyond(parsed.slo, stages) if bounds is not None else []
-    if not beyond:
-        return parsed, []
-    assert bounds is not None
-    if fairness.beyond_contract is BeyondContract.REFUSE:
+    held, beyond = fairness.hold(tenant, parsed.slo, stages)
+    if held is None:
         raise APIError(403, f"{beyond[0]}: tighter than tenant {tenant!r} may claim "
                        "(fairness.tenants[].tightest)", type_="permission_error",
                        param=beyond[0], code="slo_beyond_contract")
-    return replace(parsed, slo=bounds.clamp(parsed.slo, stages)), beyond
+    return (replace(parsed, slo=held), beyond) if beyond else (parsed, [])

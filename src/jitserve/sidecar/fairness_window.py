@@ -6,7 +6,7 @@ goodput its admitted requests would earn by meeting their SLOs, in the units of 
 goodput it is a share of: a latency request's max_tokens, any other's prompt +
 max_tokens; :func:`jitserve.goodput.goodput_if_met`) over the window, the goodput earned
 in the window as the capacity, water-filled by the tenants' weights
-(:func:`jitserve.fairshare.fair_allocation`). At scrape, per tenant (the metrics' bounded
+(:func:`jitserve.fairshare.shares_of`). At scrape, per tenant (the metrics' bounded
 tenant label): ``jitserve_tenant_max_min_share`` and ``jitserve_tenant_goodput_share``
 (ratios of the window's goodput), and ``jitserve_fairness_jain_index`` over the
 received / fair ratios. Nothing is emitted for a window without goodput. The demand
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from jitserve.fairshare import fair_allocation, jain_index
+from jitserve.fairshare import shares_of
 from jitserve.policy import FairnessSettings
 
 
@@ -59,18 +59,17 @@ class FairnessWindow(Collector):
                 log.popleft()
             for _, tenant, tokens in log:
                 into[tenant] += tokens
-        weights = {t: self.settings.weight_of(t) for t in set(demand) | set(received)}
-        allocation = fair_allocation(weights, demand, received, weights)
-        if allocation is None:
+        tenants = set(demand) | set(received)
+        weights = {t: self.settings.weight_of(t) for t in tenants}
+        shares = shares_of(tenants, demand, received, weights)
+        if shares is None:
             return None
-        fair, capacity = allocation
-        jain = jain_index(received[t] / fair[t] for t in fair if fair[t] > 0)
         fair_by: dict[str, float] = defaultdict(float)
         got_by: dict[str, float] = defaultdict(float)
-        for tenant in fair:
-            fair_by[self.label(tenant)] += fair[tenant] / capacity
-            got_by[self.label(tenant)] += received[tenant] / capacity
-        return dict(fair_by), dict(got_by), jain
+        for tenant in shares.max_min:
+            fair_by[self.label(tenant)] += shares.max_min[tenant]
+            got_by[self.label(tenant)] += shares.received[tenant]
+        return dict(fair_by), dict(got_by), shares.jain
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         demand = CounterMetricFamily(

@@ -32,9 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from jitserve.goodput import goodput_if_met
-from jitserve.policy import BeyondContract, FairnessSettings, SLODefaults
+from jitserve.policy import FairnessSettings, SLODefaults
 from jitserve.requests import LLMCall, Program, Request, Stage, Workitem
-from jitserve.slo import SLO, DeadlineSLO, LatencySLO, SLOKind
+from jitserve.slo import DeadlineSLO, LatencySLO, SLOKind
 
 TRACES = {"azure-conv": "azure2023_conv.csv", "azure-code": "azure2023_code.csv"}
 ARRIVALS = ("trace", "poisson", "gamma")
@@ -140,10 +140,10 @@ class WorkloadSpec:
     max_output: int | None = None
     """Output tokens capped here; None: none."""
     tool_scale: float = 1.0
+    """Compound programs' tool time multiplied by this (the live bench's 0.1 with caps)."""
     claim_scale: tuple[tuple[str, float], ...] = ()
     """Tenants that claim tighter SLOs than the defaults: (tenant, factor), each target
     of its requests multiplied by the factor (0.25: four times tighter)."""
-    """Compound programs' tool time multiplied by this (the live bench's 0.1 with caps)."""
 
     def __post_init__(self) -> None:
         if self.trace not in (*TRACES, "synthetic"):
@@ -296,16 +296,14 @@ def held_to_contracts(items: Iterable[Workitem], fairness: FairnessSettings,
     bound clamped, or dropped with ``beyondContract: refuse``; ``counted`` gets one per
     item per tenant that claimed beyond."""
     for item in items:
-        contract = fairness.tenant(item.tenant)
-        bounds = contract.tightest if contract is not None else None
-        slo: SLO = item.slo
         stages = len(item.stages) if isinstance(item, Program) else 1
-        if bounds is None or not bounds.beyond(slo, stages):
+        held, beyond = fairness.hold(item.tenant, item.slo, stages)
+        if not beyond:
             yield item
             continue
         counted[item.tenant] = counted.get(item.tenant, 0) + 1
-        if fairness.beyond_contract is BeyondContract.CLAMP:
-            yield replace(item, slo=bounds.clamp(slo, stages))  # type: ignore[arg-type]
+        if held is not None:
+            yield replace(item, slo=held)  # type: ignore[arg-type]
 
 
 def _capped(spec: WorkloadSpec, item: Workitem) -> Workitem:
