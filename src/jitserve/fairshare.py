@@ -120,22 +120,28 @@ def jain_index(ratios: Iterable[float]) -> float:
 
 class DecayedBooks:
     """Each tenant's demand (``asked``: the goodput its arrivals would earn by meeting
-    their SLOs, :func:`jitserve.goodput.goodput_if_met`) and the goodput it ``earned``,
-    both decayed with the time constant ``window_s``: what a scheduler's claims are
-    computed from (:func:`fair_claims`)."""
+    their SLOs, :func:`jitserve.goodput.goodput_if_met`) and the service it was given
+    (``served``: the same for the requests it started, credited at their start), both
+    decayed with the time constant ``window_s``: what a scheduler's claims are computed
+    from (:func:`fair_claims`).
+
+    Service is credited when it is given, not when its goodput lands (as a virtual token
+    counter credits tokens as they are served): a program's goodput lands at its end,
+    tens of seconds after its calls took the engine, and claims fed by it lagged the
+    service they were to steer (docs/scheduling.md "f against max-min fair shares")."""
 
     def __init__(self) -> None:
         self.asked: dict[str, float] = defaultdict(float)
-        self.earned: dict[str, float] = defaultdict(float)
+        self.served: dict[str, float] = defaultdict(float)
         self._last_s: float | None = None
 
     def decay(self, now_s: float, window_s: float) -> None:
         if self._last_s is not None:
             d = math.exp(-(now_s - self._last_s) / window_s)
-            for book in (self.earned, self.asked):
+            for book in (self.served, self.asked):
                 for t in book:
                     book[t] *= d
         self._last_s = now_s
 
     def claims(self, tenants: Iterable[str], weights: Mapping[str, float]) -> dict[str, float]:
-        return fair_claims(tenants, self.earned, weights, self.asked)
+        return fair_claims(tenants, self.served, weights, self.asked)

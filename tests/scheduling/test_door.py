@@ -12,7 +12,13 @@ from jitserve.requests import Phase, Request
 from jitserve.scheduling.base import RetireReason
 from jitserve.scheduling.estimators import QuantileEstimator
 from jitserve.scheduling.gmax import GMAX
-from jitserve.serving.forecast import MIN_SAMPLES, DoorView, FirstTokenForecast
+from jitserve.serving.forecast import (
+    MEMORY_S,
+    MIN_SAMPLES,
+    WINDOW,
+    DoorView,
+    FirstTokenForecast,
+)
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.slo import DeadlineSLO, LatencySLO
@@ -33,22 +39,43 @@ def test_forecast_counts_the_slots_that_must_free_first() -> None:
 def test_margin_is_the_quantile_of_the_observed_error() -> None:
     door = FirstTokenForecast(quantile=0.9)
     for _ in range(MIN_SAMPLES - 1):
-        door.observed(1.0, 1.5)
+        door.observed(1.0, 1.5, 0.0)
     assert door.margin_s() == 0.0  # too few first tokens yet: the forecast as it is
     for took in [1.0] * 50 + [1.5] * 50:
-        door.observed(1.0, took)
+        door.observed(1.0, took, 0.0)
     assert door.margin_s() == pytest.approx(0.5)
-    assert not door.late(1.45, 2.0)  # 1.95 s
-    assert door.late(1.55, 2.0)  # 2.05 s
+    assert not door.late(1.45, 2.0, 0.0)  # 1.95 s
+    assert door.late(1.55, 2.0, 0.0)  # 2.05 s
     assert door.refused == 1
     # a forecast of 30 ms that took 300 ms is 0.27 s late, not "10x": forecasts near the
     # target are not scaled by it
     small = FirstTokenForecast(quantile=0.9)
     for _ in range(100):
-        small.observed(0.03, 0.3)
+        small.observed(0.03, 0.3, 0.0)
     assert small.margin_s() == pytest.approx(0.27)
-    assert not small.late(1.7, 2.0)
-    assert not FirstTokenForecast(quantile=0.0).late(100.0, 1.0)  # no door check
+    assert not small.late(1.7, 2.0, 0.0)
+    assert not FirstTokenForecast(quantile=0.0).late(100.0, 1.0, 0.0)  # no door check
+
+
+def test_a_margin_learned_in_a_burst_does_not_shut_the_door_for_good() -> None:
+    """Every arrival refused means no first token to correct the margin: the residuals
+    age out after MEMORY_S and the forecast is trusted again (it had locked every latency
+    request out of a live sidecar, run after run)."""
+    door = FirstTokenForecast(quantile=0.9)
+    for i in range(WINDOW):  # a burst: every first token 5 s later than forecast
+        door.observed(0.1, 5.1, i * 0.01)
+    assert door.margin_s() == pytest.approx(5.0)
+    last = (WINDOW - 1) * 0.01
+    # the engine has room again (forecast 0.1 s): still refused while the burst is recent
+    assert door.late(0.1, 2.0, last + MEMORY_S / 2)
+    assert door.margin_s() == pytest.approx(5.0)
+    # no first token has come since: the burst ages out and the door opens
+    assert not door.late(0.1, 2.0, last + MEMORY_S + 1.0)
+    assert door.margin_s() == 0.0 and door.describe()["samples"] == 0
+    # and it learns again from what it lets in
+    for i in range(MIN_SAMPLES):
+        door.observed(0.1, 0.4, last + MEMORY_S + 2.0 + i)
+    assert door.margin_s() == pytest.approx(0.3)
 
 
 def _lifecycle(max_running: int, quantile: float = 0.9) -> Lifecycle:

@@ -212,7 +212,10 @@ def test_gmax_demotes_instead_of_dropping_when_configured() -> None:
 def test_fairness_weight_lifts_the_tenant_below_its_share() -> None:
     def run(weight: float) -> tuple[float, float, str]:
         gmax = GMAX(load_policy({"fairness": {"weight": weight}}))
-        gmax.on_finish(live("hog-done", tenant="hog"), 5000.0, 0.0)  # hog earned goodput
+        served = live("hog-served", tenant="hog", prompt=4000, output=1000)
+        gmax.enqueue(served, 0.0)
+        assert gmax.pop_next(0.0, 0) is served  # hog was given service
+        served.started_s = 0.0
         mine = live("hog-new", tenant="hog", prompt=100, output=50)
         theirs = live("meek-new", tenant="meek", prompt=100, output=50, slo=LatencySLO(2.0, 0.1))
         gmax.enqueue(mine, 0.2)

@@ -30,7 +30,14 @@ delay, not a rate.
 
 The forecast is made for every latency arrival, refused or not, so its error is learned
 from the same requests the door judges; a refused request's forecast is never checked
-(selection, accepted: what is admitted is what must be on time).
+(selection, accepted: what is admitted is what must be on time). So the margin forgets:
+only residuals observed in the last :data:`MEMORY_S` seconds count. Without that, a
+margin learned in a burst refused every latency arrival after it, no first token came
+to correct it, and the door stayed shut for good (measured live: after a run at 1.5x
+capacity, every latency request of every later run, honest or not, was refused with a
+429 while the engine had room; docs/benchmarks.md, "Fair by contract ... live"). Once
+the residuals have aged out, arrivals are judged by the forecast as it is until
+:data:`MIN_SAMPLES` new first tokens teach the margin again.
 """
 
 from __future__ import annotations
@@ -40,11 +47,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 
 WINDOW = 256
 MIN_SAMPLES = 16
+MEMORY_S = 60.0
+"""Residuals older than this (seconds, the lifecycle's clock) no longer set the margin."""
 SLOT_EWMA = 0.05
 """Weight of one finished request in the mean time a request holds a slot."""
 
@@ -75,8 +85,10 @@ class FirstTokenForecast:
         self.slot_s = math.nan
         """Mean seconds a request holds an engine slot (its prefill at the measured speed,
         then first token to finish)."""
-        self._residuals: collections.deque[float] = collections.deque(maxlen=WINDOW)
-        self._margin: tuple[float, float] | None = None  # (quantile, margin) until a residual
+        self._residuals: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=WINDOW)
+        """(when observed, residual) of the latest first tokens."""
+        self._margin: tuple[float, float] | None = None  # (quantile, margin) until a change
         self.last_forecast_s = math.nan
         self.refused = 0
 
@@ -103,35 +115,50 @@ class FirstTokenForecast:
         self.last_forecast_s = wait + view.prefill_s
         return self.last_forecast_s
 
-    def observed(self, forecast_s: float, took_s: float) -> None:
-        """A forecast request's first token came ``took_s`` after its arrival."""
+    def observed(self, forecast_s: float, took_s: float, now_s: float) -> None:
+        """A forecast request's first token came ``took_s`` after its arrival, at
+        ``now_s``."""
         if took_s >= 0:
-            self._residuals.append(took_s - forecast_s)
+            self._residuals.append((now_s, took_s - forecast_s))
             self._margin = None
 
-    def margin_s(self) -> float:
-        """Seconds added to forecasts at the door: the ``quantile`` of the observed
-        residuals (negative where forecasts have run long)."""
+    def _forget(self, now_s: float) -> None:
+        residuals = self._residuals
+        while residuals and residuals[0][0] < now_s - MEMORY_S:
+            residuals.popleft()
+            self._margin = None
+
+    def margin_s(self, now_s: float | None = None) -> float:
+        """Seconds added to forecasts at the door at ``now_s`` (None: as of the last
+        arrival or first token): the ``quantile`` of the residuals of the last
+        :data:`MEMORY_S` seconds (negative where forecasts have run long)."""
+        if now_s is not None:
+            self._forget(now_s)
         if len(self._residuals) < MIN_SAMPLES or self.quantile <= 0:
             return 0.0
-        # computed once per new residual, not per arrival: a burst of arrivals between two
-        # first tokens (an engine step's worth) asks the same question
+        # computed once per change of the residuals, not per arrival: a burst of arrivals
+        # between two first tokens (an engine step's worth) asks the same question
         if self._margin is None or self._margin[0] != self.quantile:
-            margin = float(np.quantile(np.fromiter(self._residuals, float), self.quantile))
+            margin = float(np.quantile(self._values(), self.quantile))
             self._margin = (self.quantile, margin)
         return self._margin[1]
 
-    def late(self, forecast_s: float, ttft_s: float) -> bool:
-        """Would a request forecast at ``forecast_s`` miss a ``ttft_s`` target?"""
+    def late(self, forecast_s: float, ttft_s: float, now_s: float) -> bool:
+        """Would a request forecast at ``now_s`` to take ``forecast_s`` miss a ``ttft_s``
+        target?"""
         if self.quantile <= 0:
             return False
-        if forecast_s + self.margin_s() <= ttft_s:
+        if forecast_s + self.margin_s(now_s) <= ttft_s:
             return False
         self.refused += 1
         return True
 
+    def _values(self) -> npt.NDArray[np.float64]:
+        return np.fromiter((residual for _, residual in self._residuals), float,
+                           count=len(self._residuals))
+
     def describe(self) -> dict[str, float]:
-        residuals = np.fromiter(self._residuals, float)
+        residuals = self._values()
         return {
             "quantile": self.quantile,
             "margin_s": self.margin_s(),

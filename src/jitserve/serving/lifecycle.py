@@ -144,7 +144,7 @@ class Lifecycle:
             max_running=self.max_running,
             prefill_s=r.prefill_target * self.speed.prefill_s_per_token
             + self.speed.decode_step_s))
-        if self.door.late(forecast, r.req.arrival_s + slo.ttft_s - now_s):
+        if self.door.late(forecast, r.req.arrival_s + slo.ttft_s - now_s, now_s):
             self.refused = self.retire(r, RetireReason.WOULD_START_LATE, now_s)
             return
         self._forecast[r] = (forecast, now_s)
@@ -190,7 +190,7 @@ class Lifecycle:
             r.first_token_s = first
             forecast = self._forecast.pop(r, None)
             if forecast is not None:
-                self.door.observed(forecast[0], first - forecast[1])
+                self.door.observed(forecast[0], first - forecast[1], first)
         r.generated = max(r.generated, first_index + count)
         r.prefilled = r.prefill_target
         slo = r.req.slo

@@ -375,7 +375,7 @@ class Dispatcher:
 
     # ---- frames -------------------------------------------------------------------------
     def _frame(self, now: float) -> None:
-        self.report.door_margin(self.lifecycle.door.margin_s())
+        self.report.door_margin(self.lifecycle.door.margin_s(now))
         self.frame_clock.measure(((r, self.jobs.get(r)) for r in self.lifecycle.running),
                            self.max_running)
         result = self.lifecycle.frame(now, self.max_running)

@@ -47,7 +47,7 @@ class GMAX(StagedPolicy):
         """The stages ``scheduler.mechanisms`` selects (the pacer keeps its rate across a
         reload that keeps it)."""
         m = spec.scheduler.mechanisms
-        self.pacer = (self.pacer or PrefillPacer()) if m.prefill_pacing else None
+        self.pacer = (self.pacer or PrefillPacer(self.fair)) if m.prefill_pacing else None
         pace = [self.pacer] if self.pacer is not None else []
         preempt = [self.preemptor] if m.preemption and spec.scheduler.preemption.enabled else []
         return [self.scorer, *pace, self.group, self.sequencer, *preempt]
@@ -59,8 +59,7 @@ class GMAX(StagedPolicy):
         queue = self.queue
         row, fresh = self.kept.push(r, now_s)
         if fresh and r.started_s is None:  # an arrival (not a preempted request back): demand
-            self.fair.books.asked[r.req.tenant] += goodput_if_met(
-                r.req.slo, r.req.prompt_tokens, r.expected or r.bound)
+            self.fair.books.asked[r.req.tenant] += _worth(r)
         one = one_row(queue.features(), row)
         scores = self.scorer.score(one, now_s)
         hopeless = scores.gain <= 0
@@ -95,6 +94,8 @@ class GMAX(StagedPolicy):
         if r is None:
             return None
         self.kept.take(r)
+        if r.started_s is None:  # a first start (not a preempted request back): service
+            self.fair.books.served[r.req.tenant] += _worth(r)
         if self.pacer is not None:
             self.pacer.started(r.prefill_target - r.prefilled)
         return r
@@ -107,7 +108,6 @@ class GMAX(StagedPolicy):
 
     def earned(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         self.group.earned(goodput_tokens)
-        self.fair.books.earned[r.req.tenant] += goodput_tokens
 
     def admit_priority(self) -> float:
         """The group's bar: p x the B-th best live priority at the last frame (0 when the
@@ -117,3 +117,9 @@ class GMAX(StagedPolicy):
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.group.cutoff, "median_priority": self.scorer.median_priority,
                 "fairness_weight": self.fair.f}
+
+
+def _worth(r: LiveRequest) -> float:
+    """What ``r`` would earn by meeting its SLO: its tenant's demand at arrival, its
+    service at start (the units of the goodput shared)."""
+    return goodput_if_met(r.req.slo, r.req.prompt_tokens, r.expected or r.bound)
