@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -19,6 +21,7 @@ import aiohttp
 import pytest
 
 from jitserve.bench.stream import stream_completion
+from jitserve.devstack.vllm import vllm_python
 from jitserve.engine.wire import DUE_ARG, TBT_ARG
 from jitserve.policy import BudgetRule
 from tests.support.sidecar import wait_backend_idle
@@ -121,3 +124,68 @@ def test_the_rule_cuts_vllms_prompt_chunks_to_protect_a_decode(
     # at least once: without the rule each of these steps would have carried ~1023
     assert all(r["budget"] < MAX_TOKENS and r["scheduled"] <= r["budget"] for r in cut), cut
     assert any(r["scheduled"] == r["budget"] for r in cut), cut
+
+
+INTERFACE_PROBE = """
+import inspect
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.interface import SchedulerInterface
+from vllm.v1.core.sched.scheduler import Scheduler
+from jitserve.engine import vllm_scheduler as ours
+
+assert issubclass(ours.SlidingScheduler, Scheduler)
+assert issubclass(ours.AsyncSlidingScheduler, AsyncScheduler)
+calls = []
+def base_schedule(self, *args, **kwargs):
+    calls.append(("schedule", args, kwargs))
+    return "output"
+def base_update(self, *args, **kwargs):
+    calls.append(("update", args, kwargs))
+    return {}
+Scheduler.schedule = base_schedule
+Scheduler.update_from_output = base_update
+
+class Steps:  # the budget rule's stand-in: a fixed budget, outputs recorded
+    rule, most = None, 512
+    seen = []
+    def budget(self, running, waiting):
+        return 384
+    def scheduled(self, output):
+        self.seen.append(output)
+    def finished(self, output):
+        self.seen.append(("finished", output))
+
+for cls in (ours.SlidingScheduler, ours.AsyncSlidingScheduler):
+    s = object.__new__(cls)
+    s.jitserve_steps, s.running, s.waiting = Steps(), [], []
+    # every argument vLLM's interface declares reaches vLLM's own method as the same
+    # parameter, passed by keyword or by position
+    for name, method in (("schedule", s.schedule), ("update", s.update_from_output)):
+        interface = inspect.signature(getattr(
+            SchedulerInterface, "schedule" if name == "schedule" else "update_from_output"))
+        params = [p for p in interface.parameters if p != "self"]
+        sent = {p: f"<{p}>" for p in params}
+        for args, kwargs in (((), sent), (tuple(sent.values()), {})):
+            method(*args, **kwargs)
+            got, got_args, got_kwargs = calls[-1]
+            bound = interface.bind(None, *got_args, **got_kwargs).arguments
+            assert got == name and {k: v for k, v in bound.items() if k != "self"} == sent
+
+    assert s.max_num_scheduled_tokens == 384  # the rule's budget, set before vLLM's schedule()
+print("ok", [p for p in inspect.signature(SchedulerInterface.schedule).parameters])
+"""
+
+
+def test_the_scheduler_classes_fit_vllms_scheduler_interface() -> None:
+    """On the installed vLLM (0.32 here; its ``SchedulerInterface.schedule`` already takes
+    ``throttle_prefills``, as vLLM's main branch does): both classes subclass vLLM's
+    schedulers, every argument vLLM's interface declares for ``schedule`` and
+    ``update_from_output`` reaches vLLM's own method unchanged, and the rule's budget is
+    set before ``schedule`` runs."""
+    python = vllm_python()
+    assert python is not None, "vLLM is not installed: run scripts/setup-vllm.sh"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    out = subprocess.run([str(python), "-c", INTERFACE_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("ok"), out.stdout
