@@ -40,6 +40,7 @@ class _Conn:
     events: int = 0  # SSE events of the current POST answer passed on
     last: bytes = b""  # the last byte passed on (an event end split across two reads)
     held: bool = False  # its answer waits in the relay at the hold_after limit
+    received: int = 0  # SSE event ends of the current POST answer read from the target
     answer: asyncio.Task[None] | None = None  # what passes the answer on
 
 
@@ -57,6 +58,10 @@ class StallRelay:
         self._conns: set[_Conn] = set()
         self.held_answers = 0
         """POST answers waiting in the relay with bytes beyond their first events."""
+        self.dropped_at: list[int] = []
+        """For each POST connection its client (the sidecar) closed: how many SSE events
+        of the answer the target had sent by then (a stream dropped mid-way: fewer than
+        it would have sent)."""
 
     def __enter__(self) -> StallRelay:
         self._thread.start()
@@ -138,12 +143,14 @@ class StallRelay:
             while data := await reader.read(65536):
                 if data[:4] in (b"POST", b"GET ", b"HEAD"):
                     conn.posting = data.startswith(b"POST")
-                    conn.events, conn.last = 0, b""
+                    conn.events, conn.last, conn.received = 0, b"", 0
                 if conn.posting and self._after is None:
                     await self._open.wait()
                 writer.write(data)
                 await writer.drain()
         finally:
+            if conn.posting:
+                self.dropped_at.append(conn.received)
             writer.close()
 
     async def _downstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -151,6 +158,7 @@ class StallRelay:
         conn.answer = asyncio.current_task()
         try:
             while data := await reader.read(65536):
+                conn.received += data.count(EVENT_END)
                 if conn.posting and not self._open.is_set():
                     if self._after is None:
                         await self._open.wait()
