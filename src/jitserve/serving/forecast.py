@@ -129,9 +129,9 @@ class FirstTokenForecast:
             self._margin = None
 
     def margin_s(self, now_s: float | None = None) -> float:
-        """Seconds added to forecasts at the door at ``now_s`` (None: as of the last
-        arrival or first token): the ``quantile`` of the residuals of the last
-        :data:`MEMORY_S` seconds (negative where forecasts have run long)."""
+        """Seconds added to forecasts at the door at ``now_s`` (None: as of the last time
+        one was given, to :meth:`late` or here): the ``quantile`` of the residuals of the
+        last :data:`MEMORY_S` seconds (negative where forecasts have run long)."""
         if now_s is not None:
             self._forget(now_s)
         if len(self._residuals) < MIN_SAMPLES or self.quantile <= 0:

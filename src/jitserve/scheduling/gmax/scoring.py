@@ -31,15 +31,16 @@ FAIR_TIE = 0.01
 
 
 class FairShare:
-    """The scorer's fairness blend: each tenant's claim on its weighted share of the
-    (decayed) goodput, scaled by twice the median live priority."""
+    """The scorer's fairness blend: each tenant's claim on its max-min share of the
+    (decayed) service, scaled by twice the median live priority."""
 
     def __init__(self) -> None:
         self.f = 0.0
         """The fairness weight in effect (0 with ``mechanisms.fairness`` off)."""
         self.settings = FairnessSettings()
         self.books = DecayedBooks()
-        """Each tenant's demand and goodput, decayed over ``fairness.windowSeconds``."""
+        """Each tenant's demand and the service it was given (credited at its requests'
+        starts), decayed over ``fairness.windowSeconds``."""
         self.claims: FloatArray = np.zeros(0)
         """Per tenant code, from the last frame (1 for a tenant not seen then)."""
         self.scale = 0.0
