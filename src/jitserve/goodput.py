@@ -92,6 +92,8 @@ class Outcome:
     retired: bool = False
     ttft_s: float | None = None
     e2el_s: float | None = None
+    arrival_s: float | None = None
+    """When the request (or program) arrived; None where the recorder does not say."""
 
 
 class LogHistogram:

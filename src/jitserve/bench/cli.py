@@ -37,6 +37,7 @@ from jitserve.sim.workload import (
     parse_mix,
     parse_tenant_mix,
 )
+from jitserve.tuning.tuner import TunerSettings
 
 if TYPE_CHECKING:
     from jitserve.bench.matrix import MatrixSize
@@ -158,6 +159,7 @@ def register(subparsers: Any) -> None:
         "(default 240 s at 0.6,1.0,1.5,2.0 with the upper bound)",
     )
     add_fleet_flags(parser)
+    _add_auto_flags(parser)
     parser.add_argument("--config", help="SLOPolicy spec (YAML) for GMAX settings and SLO defaults")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--out", default="bench-out", help="directory for results.json and plots")
@@ -169,6 +171,26 @@ def register(subparsers: Any) -> None:
         help="only time one GMAX decision over 2,000 and 10,000 live requests",
     )
     parser.set_defaults(handler=main)
+
+
+def _add_auto_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = TunerSettings()
+    group = parser.add_argument_group("auto (--policies auto: the tuner picks the scheduler)")
+    group.add_argument("--auto-candidates", default=",".join(defaults.candidates),
+                       help="the policies the tuner replays; the first starts")
+    group.add_argument("--auto-period", type=float, default=defaults.period_s,
+                       metavar="SECONDS", help="seconds between comparisons")
+    group.add_argument("--auto-window", type=float, default=defaults.window_s,
+                       metavar="SECONDS", help="seconds of past traffic each comparison replays")
+    group.add_argument("--auto-margin", type=float, default=defaults.margin,
+                       help="a candidate takes over when it earns more than (1 + margin) x "
+                       "the policy in effect")
+
+
+def _auto_settings(args: argparse.Namespace) -> TunerSettings:
+    candidates = tuple(c.strip() for c in args.auto_candidates.split(",") if c.strip())
+    return TunerSettings(candidates=candidates, period_s=args.auto_period,
+                         window_s=args.auto_window, margin=args.auto_margin)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -239,6 +261,7 @@ def main(args: argparse.Namespace) -> int:
         if args.claims:
             workload = replace(workload, claim_scale=parse_claims(args.claims))
         profile = cell_profile(args.profile, overrides)
+        auto = _auto_settings(args)
     except ValueError as err:
         raise CLIError(str(err)) from err
     loads = _floats(args.load, "load")
@@ -258,7 +281,7 @@ def main(args: argparse.Namespace) -> int:
     cells = [
         Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory,
              args.replicas, overrides, scenario=fleet.scenario, placement=placement,
-             replica_speeds=fleet.speeds, report_period_s=fleet.report_period_s)
+             replica_speeds=fleet.speeds, report_period_s=fleet.report_period_s, auto=auto)
         for load in loads
         for p in policies
         for placement in (fleet.placements or ("",))

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from jitserve.tuning.tuner import AUTO
+
 KINDS = ("latency", "deadline", "compound", "overall")
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
@@ -64,7 +66,8 @@ def best_baseline(names: set[str]) -> tuple[list[str], str]:
     if controlled:
         return controlled, "best -ac baseline"
     raw = sorted(
-        n for n in names if not n.startswith("gmax") and n not in (*EXACT_NAMES, UPPER_BOUND)
+        n for n in names
+        if not n.startswith("gmax") and n not in (*EXACT_NAMES, UPPER_BOUND, AUTO)
     )
     return raw, "best baseline (no -ac variants in this run)"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import time
 import tracemalloc
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -22,6 +23,7 @@ from jitserve.bench.fleet import make_placement, scaled_profile
 from jitserve.bench.variants import make_setup, policy_names
 from jitserve.goodput import GoodputLedger
 from jitserve.policy import SLOPolicySpec
+from jitserve.requests import Request, Workitem
 from jitserve.sim.cluster import run_placed
 from jitserve.sim.engine import Engine
 from jitserve.sim.engine_stats import EngineStats
@@ -32,6 +34,7 @@ from jitserve.sim.workload import (
     held_to_contracts,
     offered_tokens_by_tenant,
 )
+from jitserve.tuning.tuner import AUTO, AutoScheduler, Tuner, TunerSettings
 
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
@@ -39,12 +42,12 @@ EXACT_NAMES = ("gmax-exact", "oracle")
 
 
 def known_policies() -> list[str]:
-    return [*policy_names(), UPPER_BOUND]
+    return [*policy_names(), AUTO, UPPER_BOUND]
 
 
 def check_policy(name: str, spec: SLOPolicySpec) -> None:
     """Raise ValueError naming the known policies when ``name`` is not one."""
-    if name == UPPER_BOUND:
+    if name in (UPPER_BOUND, AUTO):
         return
     try:
         make_setup(name, spec)
@@ -94,6 +97,11 @@ class Cell:
     report_period_s: float = 0.25
     placement_weights: tuple[tuple[str, float], ...] = ()
     """power-of-k's scorer weights changed from its defaults (the tuning sweep's knob)."""
+    auto: TunerSettings = field(default_factory=TunerSettings)
+    """The tuner's settings when ``policy`` is ``auto`` (issue 31)."""
+    then: WorkloadSpec | None = None
+    """A second phase of traffic (a regime change): its arrivals, at its own
+    ``rate_per_s`` and seed, follow the first phase's end."""
 
 
 def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
@@ -110,8 +118,12 @@ def run_one(cell: Cell) -> dict[str, Any]:
         return _bound_row(cell, profile, workload)
     ledger = GoodputLedger()
     engines = []
+    auto = cell.policy == AUTO
+    if auto and cell.replicas != 1:
+        raise ValueError(f"{AUTO} tunes one replica; run it with --replicas 1")
     for replica in range(cell.replicas):
-        setup = make_setup(cell.policy, cell.spec, seed=cell.seed * 1000 + replica)
+        name = cell.auto.candidates[0] if auto else cell.policy
+        setup = make_setup(name, cell.spec, seed=cell.seed * 1000 + replica)
         engines.append(
             Engine(
                 scaled_profile(profile, speeds[replica]),
@@ -133,14 +145,19 @@ def run_one(cell: Cell) -> dict[str, Any]:
         if cell.placement else None
     )
     beyond: dict[str, int] = {}
-    items = held_to_contracts(generate(workload), cell.spec.fairness, beyond)
+    items = held_to_contracts(_workitems(cell, workload), cell.spec.fairness, beyond)
+    tuned = None
+    if auto:
+        tuner = Tuner(cell.spec, engines[0].profile, cell.auto, seed=cell.seed * 1000)
+        tuned = AutoScheduler(engines[0], tuner)
+        items = tuned.items(items)
     placed = run_placed(engines, items, placement)
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     peak_bytes = tracemalloc.get_traced_memory()[1] if cell.track_memory else None
     if cell.track_memory:
         tracemalloc.stop()
-    duration = workload.duration_s
+    duration = workload.duration_s + (cell.then.duration_s if cell.then is not None else 0.0)
     stats = EngineStats()
     for engine in engines:
         stats.merge(engine.stats)
@@ -164,7 +181,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
         "goodput_tokens_by_tenant": {
             k: t.goodput_tokens for k, t in sorted(ledger.by_tenant.items())
         },
-        "demand_tokens_by_tenant": offered_tokens_by_tenant(generate(workload)),
+        "demand_tokens_by_tenant": offered_tokens_by_tenant(_workitems(cell, workload)),
         "claims_beyond_contract_by_tenant": dict(sorted(beyond.items())),
         "throughput_tokens_per_s": (stats.prefill_tokens + stats.output_tokens)
         / max(stats.busy_s, 1e-9),
@@ -184,7 +201,24 @@ def run_one(cell: Cell) -> dict[str, Any]:
         "cpu_s": cpu_s,
         "peak_memory_bytes": peak_bytes,
         "effective": engines[0].policy.describe(),
+        "auto": tuned.summary() if tuned is not None else None,
     }
+
+
+def _workitems(cell: Cell, workload: WorkloadSpec) -> Iterator[Workitem]:
+    """The cell's arrivals: ``workload``'s, then its second phase's, if any (ids
+    prefixed so the two phases never share one)."""
+    yield from generate(workload)
+    if cell.then is None:
+        return
+    offset = workload.duration_s
+    for item in generate(cell.then):
+        if isinstance(item, Request):
+            yield replace(item, request_id=f"then/{item.request_id}",
+                          arrival_s=item.arrival_s + offset)
+        else:
+            yield replace(item, program_id=f"then/{item.program_id}",
+                          arrival_s=item.arrival_s + offset)
 
 
 def _bound_row(cell: Cell, profile: Profile, workload: WorkloadSpec) -> dict[str, Any]:

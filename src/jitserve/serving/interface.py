@@ -34,6 +34,15 @@ class Executor(Protocol):
         far; ``r`` is still RUNNING during the call."""
 
 
+class TrafficObserver(Protocol):
+    """Sees the traffic a lifecycle serves, as it happens: what arrived and what finished
+    (the tuner's record of the past, ``jitserve.tuning.record``)."""
+
+    def arrived(self, r: LiveRequest, now_s: float) -> None: ...
+
+    def finished(self, r: LiveRequest, now_s: float) -> None: ...
+
+
 class Copies(Protocol):
     """Late binding (the simulator's ``power-of-k-late``, the paper's power-of-K): one
     request waits as a copy in several replicas' lifecycles; the first to start it keeps

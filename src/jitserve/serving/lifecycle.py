@@ -42,6 +42,7 @@ from jitserve.serving.interface import (
     FrameResult,
     LifecycleStats,
     Retired,
+    TrafficObserver,
 )
 from jitserve.serving.outcomes import request_outcome
 from jitserve.serving.programs import LivePrograms
@@ -73,6 +74,8 @@ class Lifecycle:
         """What the door retired at the last :meth:`arrive` (empty: it waits)."""
         self.copies: Copies | None = None
         """Set by a fleet that late-binds requests across replicas (:class:`Copies`)."""
+        self.observer: TrafficObserver | None = None
+        """Set by a driver whose traffic is recorded (the tuner's); None: not recorded."""
         self.stats = LifecycleStats()
         self.programs = LivePrograms(stage_share or UniformStageShare())
         self.running: dict[LiveRequest, None] = {}
@@ -130,6 +133,8 @@ class Lifecycle:
         if program is not None:
             self.programs.joined(program, r)
         self.policy.enqueue(r, now_s)
+        if self.observer is not None:
+            self.observer.arrived(r, now_s)
         self._at_door(r, now_s)
         return r
 
@@ -224,6 +229,8 @@ class Lifecycle:
             self.door.held_slot(now_s - r.first_token_s
                                 + r.prefill_target * self.speed.prefill_s_per_token)
         self.estimator.observe(r.req, r.generated)
+        if self.observer is not None:
+            self.observer.finished(r, now_s)
         self._last_token_s.pop(r, None)
         ontime = self._ontime.pop(r, 0)
         lp = r.program
@@ -329,7 +336,9 @@ class Lifecycle:
         return True
 
     def switch_policy(self, policy: Policy, now_s: float) -> None:
-        """Hot reload to another scheduler: the waiting requests move to it."""
+        """Hot reload to another scheduler: the waiting requests move to it, in the order
+        they came to wait; the running ones run on (the new policy sees them at its first
+        frame). No request is dropped, duplicated or restarted."""
         for r in self.policy.waiting_requests():
             self.policy.remove(r)
             policy.enqueue(r, now_s)

@@ -22,6 +22,7 @@ def request_outcome(
         retired,
         None if r.first_token_s is None else r.first_token_s - req.arrival_s,
         now_s - req.arrival_s,
+        req.arrival_s,
     )
 
 
@@ -46,4 +47,5 @@ def program_outcome(lp: LiveProgram, now_s: float, retired: bool) -> Outcome:
         retired,
         None,
         now_s - program.arrival_s,
+        program.arrival_s,
     )

@@ -130,6 +130,13 @@ class Engine:
     def next_event_s(self) -> float:
         return self._events[0][0] if self._events else math.inf
 
+    def switch_policy(self, policy: Policy) -> None:
+        """Schedule with ``policy`` from now on (:meth:`Lifecycle.switch_policy`); a
+        prompt part-way through prefill goes on in the new policy's batching."""
+        self.lifecycle.switch_policy(policy, self.now)
+        self.policy = policy
+        self.chunked = policy.chunked_prefill
+
     # ---- arrivals ---------------------------------------------------------------
     def _start_stage(self, lp: LiveProgram, stage: int, at_s: float) -> None:
         self.lifecycle.begin_stage(lp, stage, at_s)

@@ -1,0 +1,140 @@
+"""The tuner (issue 31): its record sees only the past, a policy switch loses no request,
+and it switches to the policy that earns more, only then."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from jitserve.bench.capacity import measure_capacity
+from jitserve.bench.runner import Cell, run_one
+from jitserve.bench.variants import make_setup
+from jitserve.policy import SLOPolicySpec
+from jitserve.requests import LiveRequest, Phase, Program, Request
+from jitserve.scheduling.registry import make_policy
+from jitserve.serving.traffic import TrafficRecord
+from jitserve.sim.engine import Engine
+from jitserve.sim.latency import load_profile
+from jitserve.sim.workload import WorkloadSpec, generate
+from jitserve.slo import CompoundSLO, DeadlineSLO
+from jitserve.tuning.tuner import TunerSettings
+
+SPEC = SLOPolicySpec()
+WORKLOAD = WorkloadSpec(trace="azure-conv", duration_s=90.0, slo=SPEC.slo_defaults)
+
+
+def _live(req: Request, generated: int, expected: float, phase: Phase) -> LiveRequest:
+    r = LiveRequest(req=req, phase=phase, generated=generated)
+    r.expected = expected
+    return r
+
+
+def test_the_record_rebuilds_a_window_from_the_past_only() -> None:
+    record = TrafficRecord(keep_s=60.0)
+    done = _live(Request("done", "t", DeadlineSLO(20.0), 100, 5.0, output_tokens=40), 40, 90.0,
+                 Phase.FINISHED)
+    running = _live(Request("run", "t", DeadlineSLO(20.0), 100, 6.0, output_tokens=900), 12,
+                    50.0, Phase.RUNNING)
+    record.arrived(done, 5.0)
+    record.finished(done, 9.0)
+    record.arrived(running, 6.0)
+    slo = CompoundSLO(60.0)
+    calls = [Request(f"p/{s}/{i}", "t", slo, 50, at, output_tokens=300, program_id="p", stage=s)
+             for s, i, at in ((0, 0, 7.0), (0, 1, 7.0), (1, 0, 15.0))]
+    lives = [_live(c, 20, 30.0, Phase.FINISHED) for c in calls[:2]]
+    lives.append(_live(calls[2], 0, 30.0, Phase.WAITING))
+    for r, at, end in zip(lives, (7.0, 7.0, 15.0), (11.0, 12.0, None), strict=True):
+        record.arrived(r, at)
+        if end is not None:
+            record.finished(r, end)
+    old = _live(Request("old/1/0", "t", slo, 50, 1.0, output_tokens=5, program_id="old",
+                        stage=1), 5, 5.0, Phase.FINISHED)
+    record.arrived(old, 4.5)  # a later stage of a program that began before the window
+
+    items = record.window(4.0, 20.0)
+
+    requests = {i.request_id: i for i in items if isinstance(i, Request)}
+    assert requests["done"].output_tokens == 40  # what it produced
+    assert requests["run"].output_tokens == 50  # the estimate, never the truth (900)
+    assert requests["done"].arrival_s == pytest.approx(1.0)  # shifted to the window
+    (program,) = [i for i in items if isinstance(i, Program)]
+    assert program.program_id == "p" and program.arrival_s == pytest.approx(3.0)
+    assert [len(s.calls) for s in program.stages] == [2, 1]
+    assert program.stages[0].tool_s == pytest.approx(3.0)  # 15 - the stage's last end, 12
+    assert [c.output_tokens for c in program.stages[1].calls] == [30]
+    assert [i.arrival_s for i in items] == sorted(i.arrival_s for i in items)
+    assert record.window(70.0, 80.0) == [] and len(record) == 0  # forgotten past keep_s
+
+
+def test_switching_policy_mid_run_loses_and_duplicates_no_request() -> None:
+    """Every work item has exactly one outcome though the policy changes every few
+    arrivals, between chunked and prefill-first batching too."""
+    profile = load_profile()
+    workload = replace(WORKLOAD, rate_per_s=2.0 * measure_capacity(profile, WORKLOAD), seed=3)
+    items = list(generate(workload))
+    setup = make_setup("gmax", SPEC)
+    engine = Engine(profile, setup.policy, setup.estimator, setup.stage_share)
+    names = ["fcfs", "edf-ac", "gmax", "sarathi-ac", "lsf-ac"]
+    switched = 0
+    for i, item in enumerate(items):
+        engine.advance_until(item.arrival_s)
+        if i % 25 == 24:
+            engine.switch_policy(make_policy(SPEC, name=names[switched % len(names)]))
+            switched += 1
+        engine.submit(item)
+    engine.advance_until(float("inf"))
+    assert switched > 10
+    assert engine.live == 0
+    assert engine.ledger.overall.requests == len(items)
+
+
+def _cell(policy: str, settings: TunerSettings, load: float = 1.8) -> Cell:
+    profile = load_profile()
+    capacity = measure_capacity(profile, WORKLOAD)
+    return Cell(policy, load, 2, WORKLOAD, capacity, profile.name, SPEC, auto=settings)
+
+
+def test_auto_switches_to_the_policy_that_earns_more() -> None:
+    """Started on raw FCFS at overload, the tuner finds GMAX earns more on the traffic
+    it saw, switches, and the run earns more than FCFS's."""
+    settings = TunerSettings(candidates=("fcfs", "gmax"), period_s=15.0, window_s=30.0)
+    auto = run_one(_cell("auto", settings))
+    fcfs = run_one(_cell("fcfs", settings))
+    assert auto["auto"]["switches"][0] == [0.0, "fcfs"]
+    assert auto["auto"]["switches"][-1][1] == "gmax"
+    assert auto["token_goodput"] > 1.1 * fcfs["token_goodput"]
+    assert auto["requests"] == fcfs["requests"]
+
+
+def test_a_tuner_that_never_switches_leaves_the_run_as_the_fixed_policy_runs_it() -> None:
+    """The comparisons do not perturb the engine: with one candidate, or a margin no
+    candidate beats, auto is the first candidate's run to the token."""
+    gmax = run_one(_cell("gmax", TunerSettings()))
+    alone = run_one(_cell("auto", TunerSettings(candidates=("gmax",), period_s=15.0)))
+    held = run_one(_cell("auto", TunerSettings(candidates=("gmax", "fcfs"), period_s=15.0,
+                                               margin=100.0)))
+    assert alone["auto"]["comparisons"] > 0 and held["auto"]["comparisons"] > 0
+    assert len(held["auto"]["switches"]) == 1
+    for row in (alone, held):
+        assert row["token_goodput"] == gmax["token_goodput"]
+        assert row["frames"] == gmax["frames"]
+
+
+def test_tuner_settings_refuse_unknown_candidates_and_bad_numbers() -> None:
+    with pytest.raises(ValueError, match="nope"):
+        TunerSettings(candidates=("gmax", "nope"))
+    with pytest.raises(ValueError, match="margin"):
+        TunerSettings(margin=-0.1)
+    with pytest.raises(ValueError, match="period"):
+        TunerSettings(period_s=0)
+
+
+def test_the_bench_refuses_an_unknown_candidate_with_a_message(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from jitserve.cli import main
+
+    assert main(["bench", "--policies", "auto", "--auto-candidates", "gmax,nope",
+                 "--duration", "5", "--out", "/nonexistent/never-written"]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "Traceback" not in err
