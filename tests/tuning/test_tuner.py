@@ -111,9 +111,10 @@ def test_a_tuner_that_never_switches_leaves_the_run_as_the_fixed_policy_runs_it(
     """The comparisons do not perturb the engine: with one candidate, or a margin no
     candidate beats, auto is the first candidate's run to the token."""
     gmax = run_one(_cell("gmax", TunerSettings()))
-    alone = run_one(_cell("auto", TunerSettings(candidates=("gmax",), period_s=15.0)))
+    alone = run_one(_cell("auto", TunerSettings(candidates=("gmax",), period_s=15.0,
+                                                window_s=30.0)))
     held = run_one(_cell("auto", TunerSettings(candidates=("gmax", "fcfs"), period_s=15.0,
-                                               margin=100.0)))
+                                               window_s=30.0, margin=100.0)))
     assert alone["auto"]["comparisons"] > 0 and held["auto"]["comparisons"] > 0
     assert len(held["auto"]["switches"]) == 1
     for row in (alone, held):
@@ -128,6 +129,14 @@ def test_tuner_settings_refuse_unknown_candidates_and_bad_numbers() -> None:
         TunerSettings(margin=-0.1)
     with pytest.raises(ValueError, match="period"):
         TunerSettings(period_s=0)
+
+
+def test_no_comparison_before_a_full_warm_up_and_window_of_history() -> None:
+    settings = TunerSettings(candidates=("fcfs", "gmax"), period_s=10.0, window_s=60.0,
+                             warmup_s=30.0)
+    row = run_one(_cell("auto", settings))
+    assert row["auto"]["comparisons"] == 0  # 90 s of traffic: no tick at or after 90 s
+    assert row["auto"]["switches"] == [[0.0, "fcfs"]]
 
 
 def test_the_bench_refuses_an_unknown_candidate_with_a_message(

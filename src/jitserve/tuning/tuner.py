@@ -1,13 +1,16 @@
 """The tuner: which scheduler would have earned the most on the traffic just seen.
 
-Every ``period_s`` the replica's last ``window_s`` of work (:mod:`.record`: the past only,
-lengths not yet seen estimated) is replayed through a twin of its engine, the simulator
-on the replica's profile, once per candidate policy, each with a copy of the replica's
-own length estimator; the candidate that earns the most by the policy's objective
-(goodput tokens, or requests that met their SLO) takes over when it beats the policy in
-effect by more than ``margin`` (hysteresis: a near tie never switches). The switch itself
-(:class:`AutoScheduler`) is the lifecycle's: the new policy takes the waiting and running
-requests as they are.
+Every ``period_s`` the replica's last ``warmup_s + window_s`` of work
+(:class:`~jitserve.serving.traffic.TrafficRecord`: the past only, lengths not yet seen
+estimated) is replayed through a twin of its engine, the simulator on the replica's
+profile, once per candidate policy, each with a copy of the replica's own length
+estimator, and scored on the window's arrivals by what they earned by its end (goodput
+tokens, or requests that met their SLO, as the policy's objective says). The candidate
+whose scores summed over the last ``memory`` comparisons beat the policy in effect's by
+more than ``margin`` takes over (hysteresis: a near tie or one lucky window never
+switches); there is no comparison before a whole warm-up and window of history. The
+switch itself (:class:`AutoScheduler`) is the lifecycle's: the new policy takes the
+waiting and running requests as they are. docs/tuning.md says why each of these is so.
 """
 
 from __future__ import annotations
@@ -177,7 +180,12 @@ class AutoScheduler:
 
     def tick(self, now_s: float) -> None:
         settings = self.tuner.settings
-        window = self.record.window(now_s - settings.warmup_s - settings.window_s, now_s)
+        span_s = settings.warmup_s + settings.window_s
+        if now_s < span_s:
+            # a shorter history is a few tens of requests scored over seconds: the first
+            # version switched on one or two of them and held the wrong policy for 2 minutes
+            return
+        window = self.record.window(now_s - span_s, now_s)
         if len(window) < settings.min_items:
             return
         comparison = self.tuner.compare(window, self.in_effect,
