@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
@@ -18,15 +17,12 @@ from typing import Any
 
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix import SPLITS, MatrixSize, scenarios
+from jitserve.bench.matrix_report import geomean
 from jitserve.bench.runner import Cell, cell_profile, run_cells
 from jitserve.policy import Objective, SLOPolicySpec
 from jitserve.tuning.tuner import AUTO, DEFAULT_CANDIDATES, TunerSettings
 
 METRIC = {"tokens": "token_goodput", "requests": "request_goodput"}
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(fmean(math.log(max(v, 1e-12)) for v in values))
 
 
 def grid(objective: str, split: str, loads: list[float], duration_s: float,

@@ -36,7 +36,7 @@ class Executor(Protocol):
 
 class TrafficObserver(Protocol):
     """Sees the traffic a lifecycle serves, as it happens: what arrived and what finished
-    (the tuner's record of the past, ``jitserve.tuning.record``)."""
+    (the tuner's record of the past, :mod:`jitserve.serving.traffic`)."""
 
     def arrived(self, r: LiveRequest, now_s: float) -> None: ...
 

@@ -225,13 +225,14 @@ class Engine:
         while self.now < until_s and self.advance(until_s=until_s):
             pass
 
-    def run(self, workload: Iterable[Workitem]) -> GoodputLedger:
-        """Replay ``workload`` on this replica alone and return the ledger (several
-        replicas behind a placer: :func:`jitserve.sim.cluster.run_cluster`)."""
+    def run(self, workload: Iterable[Workitem], until_s: float = math.inf) -> GoodputLedger:
+        """Replay ``workload`` on this replica alone, to ``until_s`` (default: until every
+        request has its outcome), and return the ledger (several replicas behind a placer:
+        :func:`jitserve.sim.cluster.run_cluster`)."""
         for item in workload:
             self.advance_until(item.arrival_s)
             self.submit(item)
-        self.advance_until(math.inf)
+        self.advance_until(until_s)
         return self.ledger
 
     def _prefill_iteration(self) -> None:

@@ -113,10 +113,7 @@ class Tuner:
                       UniformStageShare(), ledger=ledger, refine_every=scheduler.refine_every,
                       budget_rule=scheduler.budget_rule,
                       batch_constructor=scheduler.batch_constructor)
-        for item in items:
-            twin.advance_until(item.arrival_s)
-            twin.submit(item)
-        twin.advance_until(settings.warmup_s + settings.window_s)
+        twin.run(items, until_s=settings.warmup_s + settings.window_s)
         return Trial(name, float(ledger.overall.goodput_tokens), ledger.overall.met, len(items))
 
     def compare(self, items: list[Workitem], in_effect: str, estimator: LengthEstimator,
@@ -152,18 +149,20 @@ class AutoScheduler:
 
     engine: Engine
     tuner: Tuner
-    in_effect: str = ""
     comparisons: list[Comparison] = field(default_factory=list)
     switches: list[tuple[float, str]] = field(default_factory=list)
-    """(when, to which policy), the first entry the start."""
+    """(when, to which policy), the first entry the start: the first candidate."""
 
     def __post_init__(self) -> None:
         settings = self.tuner.settings
-        self.in_effect = self.in_effect or settings.candidates[0]
-        self.switches.append((0.0, self.in_effect))
+        self.switches.append((0.0, settings.candidates[0]))
         self.record = TrafficRecord(settings.warmup_s + settings.window_s)
         self.engine.lifecycle.observer = self.record
         self._next_s = settings.period_s
+
+    @property
+    def in_effect(self) -> str:
+        return self.switches[-1][1]
 
     def items(self, workload: Iterable[Workitem]) -> Iterator[Workitem]:
         """``workload`` as the engine's driver takes it, the tuner run at the first
@@ -192,10 +191,9 @@ class AutoScheduler:
                                         self.engine.lifecycle.estimator, now_s)
         self.comparisons.append(comparison)
         if comparison.choice != self.in_effect:
-            self.in_effect = comparison.choice
-            self.switches.append((now_s, self.in_effect))
+            self.switches.append((now_s, comparison.choice))
             self.engine.switch_policy(make_policy(self.tuner.spec, self.tuner.seed,
-                                                  self.in_effect))
+                                                  comparison.choice))
 
     def summary(self) -> dict[str, object]:
         """What the bench row says of the run: the switches, the time each policy was in
