@@ -19,16 +19,17 @@ from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix import SPLITS, MatrixSize, scenarios
 from jitserve.bench.matrix_report import geomean
 from jitserve.bench.runner import Cell, cell_profile, run_cells
-from jitserve.policy import Objective, SLOPolicySpec
-from jitserve.tuning.tuner import AUTO, DEFAULT_CANDIDATES, TunerSettings
+from jitserve.policy import AUTO_CANDIDATES, AutoSettings, Objective, SLOPolicySpec
+from jitserve.tuning.tuner import AUTO, with_auto
 
 METRIC = {"tokens": "token_goodput", "requests": "request_goodput"}
 
 
 def grid(objective: str, split: str, loads: list[float], duration_s: float,
-         seeds: tuple[int, ...], settings: TunerSettings, profile: str,
+         seeds: tuple[int, ...], base: SLOPolicySpec, profile: str,
          only: str) -> list[Cell]:
-    spec = SLOPolicySpec().model_copy(update={"objective": Objective(objective)})
+    spec = base.model_copy(update={"objective": Objective(objective)})
+    settings = spec.scheduler.auto
     cells = []
     for scenario in scenarios(split):
         if only and not scenario.name.startswith(only):
@@ -40,15 +41,16 @@ def grid(objective: str, split: str, loads: list[float], duration_s: float,
                 for seed in seeds:
                     cells.append(Cell(policy, load, seed, workload, capacity, profile, spec,
                                       profile_overrides=scenario.overrides,
-                                      scenario=scenario.name, auto=settings))
+                                      scenario=scenario.name))
     return cells
 
 
 def regime_grid(objective: str, first: str, second: str, loads: list[float], duration_s: float,
-                seeds: tuple[int, ...], settings: TunerSettings, profile: str) -> list[Cell]:
+                seeds: tuple[int, ...], base: SLOPolicySpec, profile: str) -> list[Cell]:
     """``first`` (a scenario name: trace, mix, budget) for ``duration_s``, then ``second``
     for as long, each at ``load`` x its own capacity: the traffic changes regime halfway."""
-    spec = SLOPolicySpec().model_copy(update={"objective": Objective(objective)})
+    spec = base.model_copy(update={"objective": Objective(objective)})
+    settings = spec.scheduler.auto
     named = {s.name: s for split in SPLITS for s in scenarios(split)}
     one, two = named[first], named[second]
     if one.overrides != two.overrides:
@@ -62,11 +64,11 @@ def regime_grid(objective: str, first: str, second: str, loads: list[float], dur
                 then = replace(phases[1], rate_per_s=load * capacities[1], seed=seed)
                 cells.append(Cell(policy, load, seed, phases[0], capacities[0], profile, spec,
                                   profile_overrides=one.overrides,
-                                  scenario=f"{first} -> {second}", auto=settings, then=then))
+                                  scenario=f"{first} -> {second}", then=then))
     return cells
 
 
-def table(rows: list[dict[str, Any]], objective: str, candidates: tuple[str, ...]) -> str:
+def table(rows: list[dict[str, Any]], objective: str, candidates: list[str]) -> str:
     metric = METRIC[objective]
     by_cell: dict[tuple[str, float], dict[str, list[float]]] = {}
     for row in rows:
@@ -112,12 +114,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=300.0)
     parser.add_argument("--seeds", default="", help="default: the split's windows")
     parser.add_argument("--objectives", default="tokens,requests")
-    parser.add_argument("--candidates", default=",".join(DEFAULT_CANDIDATES))
-    parser.add_argument("--period", type=float, default=TunerSettings.period_s)
-    parser.add_argument("--window", type=float, default=TunerSettings.window_s)
-    parser.add_argument("--margin", type=float, default=TunerSettings.margin)
-    parser.add_argument("--memory", type=int, default=TunerSettings.memory)
-    parser.add_argument("--warmup", type=float, default=TunerSettings.warmup_s)
+    defaults = AutoSettings()
+    parser.add_argument("--candidates", default=",".join(AUTO_CANDIDATES))
+    parser.add_argument("--period", type=float, default=defaults.period_seconds)
+    parser.add_argument("--window", type=float, default=defaults.window_seconds)
+    parser.add_argument("--margin", type=float, default=defaults.margin)
+    parser.add_argument("--memory", type=int, default=defaults.memory)
+    parser.add_argument("--warmup", type=float, default=defaults.warmup_seconds)
     parser.add_argument("--scenario", default="", help="only scenarios whose name starts so")
     parser.add_argument("--regime", metavar="FIRST->SECOND", default="",
                         help="instead of the split: one run per cell whose traffic is scenario "
@@ -127,9 +130,10 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args()
-    settings = TunerSettings(candidates=tuple(args.candidates.split(",")), period_s=args.period,
-                             window_s=args.window, margin=args.margin, memory=args.memory,
-                             warmup_s=args.warmup)
+    spec = with_auto(SLOPolicySpec(), candidates=args.candidates.split(","),
+                     period_seconds=args.period, window_seconds=args.window,
+                     margin=args.margin, memory=args.memory, warmup_seconds=args.warmup)
+    settings = spec.scheduler.auto
     seeds = (tuple(int(s) for s in args.seeds.split(",")) if args.seeds
              else MatrixSize(split=args.split).windows)
     loads = [float(x) for x in args.loads.split(",")]
@@ -138,9 +142,9 @@ def main() -> int:
         if args.regime:
             first, second = (part.strip() for part in args.regime.split("->"))
             cells = regime_grid(objective, first, second, loads, args.duration, seeds,
-                                settings, args.profile)
+                                spec, args.profile)
         else:
-            cells = grid(objective, args.split, loads, args.duration, seeds, settings,
+            cells = grid(objective, args.split, loads, args.duration, seeds, spec,
                          args.profile, args.scenario)
         rows = run_cells(cells, args.jobs, desc=f"auto vs fixed ({objective})")
         print(table(rows, objective, settings.candidates), flush=True)

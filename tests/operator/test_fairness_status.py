@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from jitserve.operator import status as st
+from jitserve.operator import sidecar_metrics as sm
 from jitserve.operator.fairness_status import fairness_status
 from jitserve.policy import load_policy
 from jitserve.sidecar.metrics import SidecarMetrics
@@ -26,14 +26,14 @@ def test_demand_3_1_1_over_two_pods_against_max_min_shares() -> None:
     """Demand 300:100:100 over two pods, 200 goodput tokens earned: every tenant asked for
     more than a third of 200, so max-min gives each a third; a got 150, b 30, c 20."""
     pods = [SidecarMetrics(), SidecarMetrics()]
-    history = st.OutcomeHistory()
-    history.add(0.0, {f"pod{i}": st.parse_metrics(sidecar_text(m)).tenants
+    history = sm.OutcomeHistory()
+    history.add(0.0, {f"pod{i}": sm.parse_metrics(sidecar_text(m)).tenants
                       for i, m in enumerate(pods)}, 60.0)
     serve(pods[0], "a", 200, 100)
     serve(pods[1], "a", 100, 50)
     serve(pods[0], "b", 100, 30)
     serve(pods[1], "c", 100, 20)
-    samples = [st.parse_metrics(sidecar_text(m)) for m in pods]
+    samples = [sm.parse_metrics(sidecar_text(m)) for m in pods]
     history.add(10.0, {f"pod{i}": s.tenants for i, s in enumerate(samples)}, 60.0)
     totals, span = history.recent()
     assert span == 10.0
@@ -75,7 +75,7 @@ def test_no_goodput_in_the_window_no_fairness_figures() -> None:
 
 def test_a_restarted_pod_counts_from_zero() -> None:
     """A pod whose counters went down restarted: its new totals are the window's."""
-    history = st.OutcomeHistory()
+    history = sm.OutcomeHistory()
     history.add(0.0, {"pod": {("a", "demand"): 1000.0, ("a", "goodput"): 900.0}}, 60.0)
     history.add(5.0, {"pod": {("a", "demand"): 50.0, ("a", "goodput"): 40.0}}, 60.0)
     totals, _ = history.recent()

@@ -6,6 +6,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from jitserve.operator import sidecar_metrics as sm
 from jitserve.operator import status as st
 
 
@@ -36,7 +37,7 @@ def sidecar_metrics(met: int, missed: int, retired: int, tokens: float, p: float
 
 
 def test_parse_and_attainment_per_kind() -> None:
-    sample = st.parse_metrics(sidecar_metrics(met=3, missed=1, retired=1, tokens=100, p=0.8))
+    sample = sm.parse_metrics(sidecar_metrics(met=3, missed=1, retired=1, tokens=100, p=0.8))
     assert sample.goodput_tokens == 100
     assert sample.effective_cutoff == 0.8
     att = st.attainment([sample])
@@ -48,18 +49,18 @@ def test_parse_and_attainment_per_kind() -> None:
 
 
 def test_attainment_sums_over_sidecars() -> None:
-    a = st.parse_metrics(sidecar_metrics(met=1, missed=1, retired=0, tokens=0, p=1.0))
-    b = st.parse_metrics(sidecar_metrics(met=3, missed=0, retired=0, tokens=0, p=0.5))
+    a = sm.parse_metrics(sidecar_metrics(met=1, missed=1, retired=0, tokens=0, p=1.0))
+    b = sm.parse_metrics(sidecar_metrics(met=3, missed=0, retired=0, tokens=0, p=0.5))
     att = st.attainment([a, b])
     assert att is not None and att.latency == 0.8
     assert st.attainment([]) is None
 
 
 def test_goodput_rate_between_scrapes_and_counter_resets() -> None:
-    assert st.goodput_rate({}, {"x": (10.0, 100.0)}) is None
-    assert st.goodput_rate({"x": (10.0, 100.0)}, {"x": (12.0, 300.0)}) == 100.0
+    assert sm.goodput_rate({}, {"x": (10.0, 100.0)}) is None
+    assert sm.goodput_rate({"x": (10.0, 100.0)}, {"x": (12.0, 300.0)}) == 100.0
     # Pod restarted: counter went down, count from zero.
-    assert st.goodput_rate({"x": (10.0, 100.0)}, {"x": (12.0, 40.0)}) == 20.0
+    assert sm.goodput_rate({"x": (10.0, 100.0)}, {"x": (12.0, 40.0)}) == 20.0
 
 
 def _by_type(conds: list[st.Condition]) -> dict[str, st.Condition]:
@@ -132,7 +133,7 @@ def _outcomes(met: float, missed: float) -> dict[tuple[str, str], float]:
 
 def test_recent_window_counts_only_the_last_seconds() -> None:
     """Lifetime counters of two pods; the window sees what happened in the last 10 s."""
-    history = st.OutcomeHistory()
+    history = sm.OutcomeHistory()
     history.add(0.0, {"pod-a": _outcomes(100, 0)}, window_s=10)
     assert history.recent() == ({}, 0.0)  # one scrape: nothing to difference yet
     history.add(5.0, {"pod-a": _outcomes(110, 0)}, window_s=10)
@@ -145,14 +146,14 @@ def test_recent_window_counts_only_the_last_seconds() -> None:
     assert totals == _outcomes(10, 10)
     recent = st.attainment_of(totals)
     assert recent is not None and recent.overall == 0.5 and recent.latency == 0.5
-    lifetime = st.attainment([st.SidecarSample(outcomes=_outcomes(130, 10))])
+    lifetime = st.attainment([sm.SidecarSample(outcomes=_outcomes(130, 10))])
     assert lifetime is not None and lifetime.overall == round(130 / 140, 4)
     # Only the baseline (the newest scrape at least 10 s old) and later ones are kept.
     assert [t for t, _ in history.snapshots] == [10.0, 15.0, 20.0]
 
 
 def test_recent_window_new_pod_and_restarted_pod() -> None:
-    history = st.OutcomeHistory()
+    history = sm.OutcomeHistory()
     history.add(0.0, {"a": _outcomes(50, 0)}, window_s=30)
     history.add(5.0, {"a": _outcomes(60, 0), "b": _outcomes(3, 1)}, window_s=30)
     # "b" is counted from its first scrape; "a" restarted (its counters went down).
@@ -164,7 +165,7 @@ def test_recent_window_new_pod_and_restarted_pod() -> None:
 
 
 def test_status_carries_recent_beside_lifetime_attainment() -> None:
-    sample = st.SidecarSample(outcomes=_outcomes(90, 10))
+    sample = sm.SidecarSample(outcomes=_outcomes(90, 10))
     def build(old: dict[str, Any], now: str, recent: tuple[Any, float]) -> dict[str, Any]:
         return st.build_status(old_status=old, generation=1, problems=[], errors=[],
                                deployment=None, selector="x=y", samples=[sample],
@@ -205,3 +206,33 @@ def test_operator_metrics_mirror_the_status_and_forget_deleted_policies() -> Non
     assert 'window="recent"' not in generate_latest(m.registry).decode()
     m.forget("team-a", "chat")
     assert 'policy="chat"' not in generate_latest(m.registry).decode()
+
+
+def test_the_scheduler_in_effect_from_the_sidecars_own_metrics() -> None:
+    """The status names what the pods run (the sidecar's real metrics families): one
+    name when they agree, each with its count when an auto tuner switched some."""
+    from jitserve.sidecar.metrics import SidecarMetrics
+
+    def pod(runs: list[tuple[str, float]]) -> sm.SidecarSample:
+        m = SidecarMetrics()
+        for name, since in runs:  # a switch replaces the series
+            m.in_effect(name, since)
+        return sm.parse_metrics(m.render().decode())
+
+    def build(samples: list[sm.SidecarSample] | None, old: dict[str, Any]) -> dict[str, Any]:
+        return st.build_status(old_status=old, generation=1, problems=[], errors=[],
+                               deployment=None, selector="x=y", samples=samples,
+                               goodput_per_s=None, now="2026-12-06T00:00:00Z")
+
+    a = pod([("gmax", 1_700_000_000.0)])
+    b = pod([("gmax", 1_700_000_000.0), ("edf-ac", 1_700_000_060.0)])
+    assert b.policy_in_effect == "edf-ac" and b.policy_since_s == 1_700_000_060.0
+    same = build([a, a], {})
+    assert same["policyInEffect"] == "gmax"
+    assert same["policyInEffectSince"] == "2023-11-14T22:13:20Z"
+    mixed = build([a, b, a], {})
+    assert mixed["policyInEffect"] == "gmax 2, edf-ac 1"
+    assert mixed["policyInEffectSince"] == "2023-11-14T22:14:20Z"  # the latest change
+    kept = build(None, mixed)  # no scrape this time: the last figures stay
+    assert kept["policyInEffect"] == "gmax 2, edf-ac 1"
+    assert "policyInEffect" not in build([sm.SidecarSample()], {})  # an older sidecar

@@ -18,7 +18,7 @@ from jitserve.sim.engine import Engine
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import WorkloadSpec, generate
 from jitserve.slo import CompoundSLO, DeadlineSLO
-from jitserve.tuning.tuner import TunerSettings
+from jitserve.tuning.tuner import with_auto
 
 SPEC = SLOPolicySpec()
 WORKLOAD = WorkloadSpec(trace="azure-conv", duration_s=90.0, slo=SPEC.slo_defaults)
@@ -89,18 +89,18 @@ def test_switching_policy_mid_run_loses_and_duplicates_no_request() -> None:
     assert engine.ledger.overall.requests == len(items)
 
 
-def _cell(policy: str, settings: TunerSettings, load: float = 1.8) -> Cell:
+def _cell(policy: str, spec: SLOPolicySpec = SPEC, load: float = 1.8) -> Cell:
     profile = load_profile()
     capacity = measure_capacity(profile, WORKLOAD)
-    return Cell(policy, load, 2, WORKLOAD, capacity, profile.name, SPEC, auto=settings)
+    return Cell(policy, load, 2, WORKLOAD, capacity, profile.name, spec)
 
 
 def test_auto_switches_to_the_policy_that_earns_more() -> None:
     """Started on raw FCFS at overload, the tuner finds GMAX earns more on the traffic
     it saw, switches, and the run earns more than FCFS's."""
-    settings = TunerSettings(candidates=("fcfs", "gmax"), period_s=15.0, window_s=30.0)
-    auto = run_one(_cell("auto", settings))
-    fcfs = run_one(_cell("fcfs", settings))
+    spec = with_auto(SPEC, candidates=["fcfs", "gmax"], period_seconds=15.0, window_seconds=30.0)
+    auto = run_one(_cell("auto", spec))
+    fcfs = run_one(_cell("fcfs", spec))
     assert auto["auto"]["switches"][0] == [0.0, "fcfs"]
     assert auto["auto"]["switches"][-1][1] == "gmax"
     assert auto["token_goodput"] > 1.1 * fcfs["token_goodput"]
@@ -110,11 +110,11 @@ def test_auto_switches_to_the_policy_that_earns_more() -> None:
 def test_a_tuner_that_never_switches_leaves_the_run_as_the_fixed_policy_runs_it() -> None:
     """The comparisons do not perturb the engine: with one candidate, or a margin no
     candidate beats, auto is the first candidate's run to the token."""
-    gmax = run_one(_cell("gmax", TunerSettings()))
-    alone = run_one(_cell("auto", TunerSettings(candidates=("gmax",), period_s=15.0,
-                                                window_s=30.0)))
-    held = run_one(_cell("auto", TunerSettings(candidates=("gmax", "fcfs"), period_s=15.0,
-                                               window_s=30.0, margin=100.0)))
+    gmax = run_one(_cell("gmax"))
+    alone = run_one(_cell("auto", with_auto(SPEC, candidates=["gmax"], period_seconds=15.0,
+                                            window_seconds=30.0)))
+    held = run_one(_cell("auto", with_auto(SPEC, candidates=["gmax", "fcfs"], period_seconds=15.0,
+                                           window_seconds=30.0, margin=10.0)))
     assert alone["auto"]["comparisons"] > 0 and held["auto"]["comparisons"] > 0
     assert len(held["auto"]["switches"]) == 1
     for row in (alone, held):
@@ -124,17 +124,19 @@ def test_a_tuner_that_never_switches_leaves_the_run_as_the_fixed_policy_runs_it(
 
 def test_tuner_settings_refuse_unknown_candidates_and_bad_numbers() -> None:
     with pytest.raises(ValueError, match="nope"):
-        TunerSettings(candidates=("gmax", "nope"))
+        with_auto(SPEC, candidates=["gmax", "nope"])
+    with pytest.raises(ValueError, match="repeat"):
+        with_auto(SPEC, candidates=["gmax", "gmax"])
     with pytest.raises(ValueError, match="margin"):
-        TunerSettings(margin=-0.1)
-    with pytest.raises(ValueError, match="period"):
-        TunerSettings(period_s=0)
+        with_auto(SPEC, margin=-0.1)
+    with pytest.raises(ValueError, match="period_seconds"):
+        with_auto(SPEC, period_seconds=0)
 
 
 def test_no_comparison_before_a_full_warm_up_and_window_of_history() -> None:
-    settings = TunerSettings(candidates=("fcfs", "gmax"), period_s=10.0, window_s=60.0,
-                             warmup_s=30.0)
-    row = run_one(_cell("auto", settings))
+    spec = with_auto(SPEC, candidates=["fcfs", "gmax"], period_seconds=10.0,
+                     window_seconds=60.0, warmup_seconds=30.0)
+    row = run_one(_cell("auto", spec))
     assert row["auto"]["comparisons"] == 0  # 90 s of traffic: no tick at or after 90 s
     assert row["auto"]["switches"] == [[0.0, "fcfs"]]
 

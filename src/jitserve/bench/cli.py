@@ -27,7 +27,7 @@ from jitserve.bench.runner import (
     run_cells,
 )
 from jitserve.errors import CLIError
-from jitserve.policy import BudgetRule, PolicyError, SLOPolicySpec, load_policy_file
+from jitserve.policy import AutoSettings, BudgetRule, PolicyError, SLOPolicySpec, load_policy_file
 from jitserve.sim.latency import DEFAULT_PROFILE, available_profiles
 from jitserve.sim.workload import (
     ARRIVALS,
@@ -37,7 +37,7 @@ from jitserve.sim.workload import (
     parse_mix,
     parse_tenant_mix,
 )
-from jitserve.tuning.tuner import TunerSettings
+from jitserve.tuning.tuner import with_auto
 
 if TYPE_CHECKING:
     from jitserve.bench.matrix import MatrixSize
@@ -174,23 +174,33 @@ def register(subparsers: Any) -> None:
 
 
 def _add_auto_flags(parser: argparse.ArgumentParser) -> None:
-    defaults = TunerSettings()
-    group = parser.add_argument_group("auto (--policies auto: the tuner picks the scheduler)")
-    group.add_argument("--auto-candidates", default=",".join(defaults.candidates),
-                       help="the policies the tuner replays; the first starts")
-    group.add_argument("--auto-period", type=float, default=defaults.period_s,
-                       metavar="SECONDS", help="seconds between comparisons")
-    group.add_argument("--auto-window", type=float, default=defaults.window_s,
-                       metavar="SECONDS", help="seconds of past traffic each comparison replays")
-    group.add_argument("--auto-margin", type=float, default=defaults.margin,
+    defaults = AutoSettings()
+    group = parser.add_argument_group(
+        "auto (--policies auto: the tuner picks the scheduler; each flag overrides the "
+        "policy file's scheduler.auto, whose defaults are shown)")
+    group.add_argument("--auto-candidates", default=None,
+                       help="the policies the tuner replays; the first starts (default: "
+                       f"{','.join(defaults.candidates)})")
+    group.add_argument("--auto-period", type=float, default=None, metavar="SECONDS",
+                       help=f"seconds between comparisons (default: {defaults.period_seconds})")
+    group.add_argument("--auto-window", type=float, default=None, metavar="SECONDS",
+                       help="seconds of past traffic each comparison scores (default: "
+                       f"{defaults.window_seconds})")
+    group.add_argument("--auto-margin", type=float, default=None,
                        help="a candidate takes over when it earns more than (1 + margin) x "
-                       "the policy in effect")
+                       f"the policy in effect (default: {defaults.margin})")
 
 
-def _auto_settings(args: argparse.Namespace) -> TunerSettings:
-    candidates = tuple(c.strip() for c in args.auto_candidates.split(",") if c.strip())
-    return TunerSettings(candidates=candidates, period_s=args.auto_period,
-                         window_s=args.auto_window, margin=args.auto_margin)
+def _auto_settings(args: argparse.Namespace, spec: SLOPolicySpec) -> SLOPolicySpec:
+    flags = {"candidates": args.auto_candidates, "period_seconds": args.auto_period,
+             "window_seconds": args.auto_window, "margin": args.auto_margin}
+    changes: dict[str, object] = {k: v for k, v in flags.items() if v is not None}
+    if args.auto_candidates is not None:
+        changes["candidates"] = [c.strip() for c in args.auto_candidates.split(",") if c.strip()]
+    try:
+        return with_auto(spec, **changes)
+    except ValueError as err:  # pydantic's names the field; say which flag set it
+        raise CLIError(f"--auto-*: {err}") from err
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -241,6 +251,7 @@ def main(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in (args.policies or ",".join(default_policies())).split(",")]
     policies = [p for p in policies if p]
     overrides = _profile_overrides(args)
+    spec = _auto_settings(args, spec)
     try:
         for name in policies:
             check_policy(name, spec)
@@ -261,7 +272,6 @@ def main(args: argparse.Namespace) -> int:
         if args.claims:
             workload = replace(workload, claim_scale=parse_claims(args.claims))
         profile = cell_profile(args.profile, overrides)
-        auto = _auto_settings(args)
     except ValueError as err:
         raise CLIError(str(err)) from err
     loads = _floats(args.load, "load")
@@ -281,7 +291,7 @@ def main(args: argparse.Namespace) -> int:
     cells = [
         Cell(p, load, seed, workload, capacity, args.profile, spec, args.memory,
              args.replicas, overrides, scenario=fleet.scenario, placement=placement,
-             replica_speeds=fleet.speeds, report_period_s=fleet.report_period_s, auto=auto)
+             replica_speeds=fleet.speeds, report_period_s=fleet.report_period_s)
         for load in loads
         for p in policies
         for placement in (fleet.placements or ("",))

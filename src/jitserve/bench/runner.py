@@ -14,7 +14,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -34,7 +34,7 @@ from jitserve.sim.workload import (
     held_to_contracts,
     offered_tokens_by_tenant,
 )
-from jitserve.tuning.tuner import AUTO, AutoScheduler, Tuner, TunerSettings
+from jitserve.tuning.tuner import AUTO, AutoScheduler, Tuner
 
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
@@ -97,8 +97,6 @@ class Cell:
     report_period_s: float = 0.25
     placement_weights: tuple[tuple[str, float], ...] = ()
     """power-of-k's scorer weights changed from its defaults (the tuning sweep's knob)."""
-    auto: TunerSettings = field(default_factory=TunerSettings)
-    """The tuner's settings when ``policy`` is ``auto`` (issue 31)."""
     then: WorkloadSpec | None = None
     """A second phase of traffic (a regime change): its arrivals, at its own
     ``rate_per_s`` and seed, follow the first phase's end."""
@@ -122,7 +120,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
     if auto and cell.replicas != 1:
         raise ValueError(f"{AUTO} tunes one replica; run it with --replicas 1")
     for replica in range(cell.replicas):
-        name = cell.auto.candidates[0] if auto else cell.policy
+        name = cell.spec.scheduler.auto.candidates[0] if auto else cell.policy
         setup = make_setup(name, cell.spec, seed=cell.seed * 1000 + replica)
         engines.append(
             Engine(
@@ -148,7 +146,7 @@ def run_one(cell: Cell) -> dict[str, Any]:
     items = held_to_contracts(_workitems(cell, workload), cell.spec.fairness, beyond)
     tuned = None
     if auto:
-        tuner = Tuner(cell.spec, engines[0].profile, cell.auto, seed=cell.seed * 1000)
+        tuner = Tuner(cell.spec, engines[0].profile, seed=cell.seed * 1000)
         tuned = AutoScheduler(engines[0], tuner)
         items = tuned.items(items)
     placed = run_placed(engines, items, placement)

@@ -136,7 +136,8 @@ def start_fleet(args: argparse.Namespace, stack: Children, wait_ready: WaitReady
     engines = start_engines(args, stack, wait_ready, shape)
     for i, (url, (api_port, admin_port)) in enumerate(zip(engines, replica_ports(args),
                                                          strict=True)):
-        extra = ["--engine-queue", str(shape.engine_queue), "--admin-port", str(admin_port)]
+        extra = ["--engine-queue", str(shape.engine_queue), "--admin-port", str(admin_port),
+                 "--engine-profile", args.engine_profile]
         if analyzer:
             extra += ["--analyzer", analyzer]
         if args.reasoning_parser:

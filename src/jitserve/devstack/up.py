@@ -75,6 +75,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", default=None,
                    help="front an existing vLLM at this URL instead of starting one")
     p.add_argument("--vllm-port", type=int, default=8000, help="vLLM's TCP port")
+    p.add_argument("--engine-profile", default="cpu-tiny-llama", metavar="NAME_OR_FILE",
+                   help="the engine model scheduler.policy auto replays traffic on (the "
+                   "sidecar's --engine-profile): the tiny CPU model's measured profile; with "
+                   "--backend, your engine's (a jitserve calibrate file)")
     p.add_argument("--vllm-nice", type=int, default=vl.ENGINE_NICE,
                    help="the CPU vLLM's nice (default: %(default)s): on one machine its engine "
                    "keeps every core busy, and the sidecar in front of it must still get a CPU "
@@ -296,7 +300,8 @@ def main(args: argparse.Namespace) -> int:
 def _start_sidecar(args: argparse.Namespace, stack: Stack, backend: str, config: Path,
                    shape: BatchShape, analyzer: str | None) -> str:
     cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
-                        extra=["--engine-queue", str(shape.engine_queue)])
+                        extra=["--engine-queue", str(shape.engine_queue),
+                               "--engine-profile", args.engine_profile])
     if analyzer:
         cmd += ["--analyzer", analyzer]
     if args.reasoning_parser:

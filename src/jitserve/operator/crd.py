@@ -247,6 +247,21 @@ def crd_object(*, cel: bool = True) -> JSON:
         },
         {"name": "F", "type": "number", "jsonPath": ".spec.fairness.weight"},
         {
+            "name": "Scheduler",
+            "type": "string",
+            "jsonPath": ".status.policyInEffect",
+            "priority": 1,
+            "description": "The scheduler the pods run now (with scheduler.policy auto, the "
+            "tuner's choice).",
+        },
+        {
+            "name": "Since",
+            "type": "date",
+            "jsonPath": ".status.policyInEffectSince",
+            "priority": 1,
+            "description": "When the scheduler in effect last changed on a pod.",
+        },
+        {
             "name": "Attainment",
             "type": "number",
             "jsonPath": ".status.recentAttainment.overall",

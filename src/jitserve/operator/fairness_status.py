@@ -4,7 +4,7 @@ fair share, fleet-wide, over the recent window (issue 27; pure).
 The sidecars count, per tenant label, the goodput their admitted requests would earn by
 meeting their SLOs (``jitserve_tenant_demand_tokens_total``) and the goodput they earned
 (``jitserve_goodput_tokens_total``). The operator keeps both per pod across scrapes, as
-it keeps the outcome counters (:class:`~jitserve.operator.status.OutcomeHistory`), so the
+it keeps the outcome counters (:class:`~jitserve.operator.sidecar_metrics.OutcomeHistory`), so the
 window's figures are differences of counters summed over the pods: demand water-filled
 by the policy's weights over the goodput the fleet earned
 (:func:`jitserve.fairshare.shares_of`, as each sidecar computes it).
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from jitserve.fairshare import shares_of
-from jitserve.operator.status import DEMAND, GOODPUT
+from jitserve.operator.sidecar_metrics import DEMAND, GOODPUT
 from jitserve.policy import FairnessSettings, FairnessStatus, TenantShare
 
 

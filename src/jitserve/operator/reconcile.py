@@ -27,6 +27,7 @@ from jitserve.operator import builders as b
 from jitserve.operator import constants as c
 from jitserve.operator import events
 from jitserve.operator import gateway_builders as gb
+from jitserve.operator import sidecar_metrics as sm
 from jitserve.operator import status as st
 from jitserve.operator.fairness_status import fairness_status
 from jitserve.operator.kube import JSON, Kube, KubeError
@@ -270,10 +271,10 @@ def metrics_targets(pods: list[JSON], spec_port: int) -> list[str]:
 class Scrape:
     """What one scrape of a policy's sidecars gave."""
 
-    samples: list[st.SidecarSample]
+    samples: list[sm.SidecarSample]
     goodput_per_s: float | None
-    recent: tuple[st.Outcomes, float]
-    tenants: st.Outcomes = field(default_factory=dict)
+    recent: tuple[sm.Outcomes, float]
+    tenants: sm.Outcomes = field(default_factory=dict)
     """(tenant, "demand" | "goodput") -> tokens over the same window as ``recent``."""
     failed: int = 0
 
@@ -287,19 +288,19 @@ class Scraper:
     timeout_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     _last: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
-    _history: dict[str, st.OutcomeHistory] = field(default_factory=dict)
-    _tenants: dict[str, st.OutcomeHistory] = field(default_factory=dict)
+    _history: dict[str, sm.OutcomeHistory] = field(default_factory=dict)
+    _tenants: dict[str, sm.OutcomeHistory] = field(default_factory=dict)
 
     def scrape(self, key: str, urls: list[str], window_s: float = 300.0) -> Scrape:
-        samples: list[st.SidecarSample] = []
+        samples: list[sm.SidecarSample] = []
         totals: dict[str, tuple[float, float]] = {}
-        outcomes: dict[str, st.Outcomes] = {}
-        tenants: dict[str, st.Outcomes] = {}
+        outcomes: dict[str, sm.Outcomes] = {}
+        tenants: dict[str, sm.Outcomes] = {}
         failed = 0
         t = self.clock()
         for url in urls:
             try:
-                sample = st.parse_metrics(self.fetch(url, self.timeout_s))
+                sample = sm.parse_metrics(self.fetch(url, self.timeout_s))
             except (OSError, ValueError):
                 failed += 1
                 continue
@@ -307,11 +308,11 @@ class Scraper:
             totals[url] = (t, sample.goodput_tokens)
             outcomes[url] = sample.outcomes
             tenants[url] = sample.tenants
-        rate = st.goodput_rate(self._last.get(key, {}), totals)
+        rate = sm.goodput_rate(self._last.get(key, {}), totals)
         self._last[key] = totals
-        history = self._history.setdefault(key, st.OutcomeHistory())
+        history = self._history.setdefault(key, sm.OutcomeHistory())
         history.add(t, outcomes, window_s)
-        by_tenant = self._tenants.setdefault(key, st.OutcomeHistory())
+        by_tenant = self._tenants.setdefault(key, sm.OutcomeHistory())
         by_tenant.add(t, tenants, window_s)
         return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed)
 

@@ -1,32 +1,25 @@
 """Pure functions that compute an SLOPolicy's ``status``.
 
-Inputs: the policy's generation, spec problems, the live Deployment, and the samples
-scraped from the sidecars' ``/metrics`` (the sidecar metrics contract):
-
-- ``jitserve_requests_total{tenant,kind,slo_class,outcome}``, outcome in
-  met|missed|retired|cancelled|error; attainment per kind = met / (met+missed+retired);
-- ``jitserve_goodput_tokens_total{tenant,kind,slo_class}``: goodput tokens, a counter;
-- ``jitserve_effective_cutoff``: the ``p`` the sidecar's scheduler uses now;
-  ``jitserve_fairness_weight``: the f it uses now;
-- ``jitserve_tenant_demand_tokens_total{tenant}``: the goodput the tenant's admitted
-  requests would earn by meeting their SLOs (with goodput by tenant: ``status.fairness``,
-  :mod:`~jitserve.operator.fairness_status`).
+Inputs: the policy's generation, spec problems, the live Deployment, and what the
+sidecars' ``/metrics`` said (:mod:`~jitserve.operator.sidecar_metrics`). Attainment per
+kind = met / (met + missed + retired).
 
 Attainment is reported twice: ``attainment`` over the pods' lifetime (their counters) and
 ``recentAttainment`` over the last ``spec.reporting.attainmentWindowSeconds``, from the
-difference of two scrapes (:class:`OutcomeHistory`), so tuning p or f shows within it.
+difference of two scrapes (:class:`~.sidecar_metrics.OutcomeHistory`), so tuning p or f
+shows within it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from jitserve.goodput import ATTAINMENT_OUTCOMES
 from jitserve.operator.replica_status import gateway_status, replica_status
+from jitserve.operator.sidecar_metrics import Outcomes, SidecarSample
 from jitserve.policy import (
     Attainment,
     Condition,
@@ -39,52 +32,12 @@ from jitserve.policy import (
 JSON = dict[str, Any]
 
 _COUNTED = ATTAINMENT_OUTCOMES
-DEMAND, GOODPUT = "demand", "goodput"  # a sample's per-tenant token counters
 _KIND_FIELDS = {
     "latency": "latency",
     "deadline": "deadline",
     "compound": "compound",
     "best_effort": "best_effort",
 }
-
-
-@dataclass
-class SidecarSample:
-    """What one sidecar's ``/metrics`` said."""
-
-    outcomes: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, outcome) -> count
-    goodput_tokens: float = 0.0
-    effective_cutoff: float | None = None
-    fairness_weight: float | None = None
-    tenants: dict[tuple[str, str], float] = field(default_factory=dict)
-    """(tenant, DEMAND | GOODPUT) -> tokens, the counters' totals."""
-
-
-def parse_metrics(text: str) -> SidecarSample:
-    """Parse a Prometheus text exposition into the figures the status needs."""
-    sample = SidecarSample()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "jitserve_requests_total":
-                key = (s.labels.get("kind", ""), s.labels.get("outcome", ""))
-                sample.outcomes[key] = sample.outcomes.get(key, 0.0) + float(s.value)
-            elif s.name == "jitserve_goodput_tokens_total":
-                sample.goodput_tokens += float(s.value)
-                _add(sample.tenants, (s.labels.get("tenant", ""), GOODPUT), float(s.value))
-            elif s.name == "jitserve_tenant_demand_tokens_total":
-                _add(sample.tenants, (s.labels.get("tenant", ""), DEMAND), float(s.value))
-            elif s.name == "jitserve_effective_cutoff":
-                sample.effective_cutoff = float(s.value)
-            elif s.name == "jitserve_fairness_weight":
-                sample.fairness_weight = float(s.value)
-    return sample
-
-
-def _add(into: dict[tuple[str, str], float], key: tuple[str, str], value: float) -> None:
-    into[key] = into.get(key, 0.0) + value
-
-
-Outcomes = dict[tuple[str, str], float]  # (kind, outcome) -> count; also (tenant, what)
 
 
 def attainment(samples: Iterable[SidecarSample]) -> Attainment | None:
@@ -117,64 +70,24 @@ def attainment_of(totals: Mapping[tuple[str, str], float]) -> Attainment | None:
     return Attainment(**values)
 
 
-def goodput_rate(
-    previous: Mapping[str, tuple[float, float]], current: Mapping[str, tuple[float, float]]
-) -> float | None:
-    """Goodput tokens/s summed over sidecars, from two scrapes ``target -> (time, total)``.
-
-    A target seen only once contributes nothing; a counter that went down (pod restart)
-    counts from zero.
-    """
-    rate = 0.0
-    seen = False
-    for target, (t1, v1) in current.items():
-        if target not in previous:
-            continue
-        t0, v0 = previous[target]
-        if t1 <= t0:
-            continue
-        seen = True
-        delta = v1 - v0 if v1 >= v0 else v1
-        rate += delta / (t1 - t0)
-    return round(rate, 3) if seen else None
-
-
-@dataclass
-class OutcomeHistory:
-    """Counters per scrape target over time (outcomes, or tenants' tokens), for their
-    totals over a recent window.
-
-    The sidecars' counters only grow (they count since the pod started), so the requests
-    of the last ``window`` seconds are the difference between the newest scrape and the
-    newest one at least ``window`` old (or the oldest kept, while the history is younger).
-    A target first seen later is counted from its first scrape; a counter that went down
-    (pod restart) counts from zero.
-    """
-
-    snapshots: list[tuple[float, dict[str, Outcomes]]] = field(default_factory=list)
-
-    def add(self, t: float, per_target: Mapping[str, Outcomes], window_s: float) -> None:
-        self.snapshots.append((t, {k: dict(v) for k, v in per_target.items()}))
-        # Keep the newest snapshot that is at least `window_s` old (the baseline) and later.
-        old = [i for i, (ts, _) in enumerate(self.snapshots) if ts <= t - window_s]
-        if old:
-            del self.snapshots[: old[-1]]
-
-    def recent(self) -> tuple[Outcomes, float]:
-        """Outcome counts since the baseline, summed over targets, and the span covered."""
-        if len(self.snapshots) < 2:
-            return {}, 0.0
-        (t0, base), (t1, now) = self.snapshots[0], self.snapshots[-1]
-        totals: Outcomes = {}
-        for target, counts in now.items():
-            first = base.get(target)
-            if first is None:  # first seen after the baseline: count from its first scrape
-                first = next((snap[target] for _, snap in self.snapshots if target in snap), {})
-            if any(v < first.get(k, 0.0) for k, v in counts.items()):
-                first = {}  # counter reset: the pod restarted
-            for key, value in counts.items():
-                totals[key] = totals.get(key, 0.0) + value - first.get(key, 0.0)
-        return totals, t1 - t0
+def policy_in_effect(samples: Sequence[SidecarSample]) -> JSON:
+    """``policyInEffect`` (the one name, or each with its pods, most first) and
+    ``policyInEffectSince`` (the latest change on any pod); empty when no sidecar said."""
+    counts: dict[str, int] = {}
+    since = [s.policy_since_s for s in samples if s.policy_in_effect is not None
+             and s.policy_since_s is not None]
+    for sample in samples:
+        if sample.policy_in_effect is not None:
+            counts[sample.policy_in_effect] = counts.get(sample.policy_in_effect, 0) + 1
+    if not counts:
+        return {}
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out: JSON = {"policyInEffect": ranked[0][0] if len(ranked) == 1 else
+                 ", ".join(f"{name} {n}" for name, n in ranked)}
+    if since:
+        out["policyInEffectSince"] = datetime.fromtimestamp(max(since), UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+    return out
 
 
 def merge_conditions(old: Iterable[Mapping[str, Any]], new: list[Condition]) -> list[Condition]:
@@ -342,6 +255,8 @@ def build_status(
         status["replicaStatus"] = old_status["replicaStatus"]
     metric_keys = (
         "effectiveCutoff",
+        "policyInEffect",
+        "policyInEffectSince",
         "attainment",
         "recentAttainment",
         "recentWindowSeconds",
@@ -361,6 +276,7 @@ def build_status(
         cutoffs = [s.effective_cutoff for s in samples if s.effective_cutoff is not None]
         if cutoffs:
             status["effectiveCutoff"] = round(sum(cutoffs) / len(cutoffs), 4)
+        status.update(policy_in_effect(samples))
         att = attainment(samples)
         if att is not None:
             status["attainment"] = att.model_dump(mode="json", by_alias=True, exclude_none=True)

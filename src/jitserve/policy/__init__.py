@@ -31,6 +31,9 @@ from jitserve.policy.batch import (
 from jitserve.policy.contract import BeyondContract, ClaimBounds
 from jitserve.policy.pod import PodSettings
 from jitserve.policy.scheduler import (
+    AUTO,
+    AUTO_CANDIDATES,
+    AutoSettings,
     BudgetRule,
     CutoffMode,
     CutoffSettings,
@@ -72,12 +75,15 @@ from jitserve.policy.status import (
 )
 
 __all__ = [
+    "AUTO",
+    "AUTO_CANDIDATES",
     "GPU_MAX_NUM_SEQS",
     "MAX_NUM_SEQS",
     "MAX_REPLICA_STATUS",
     "AdmissionSettings",
     "ArgsError",
     "Attainment",
+    "AutoSettings",
     "BatchShape",
     "BeyondContract",
     "BudgetRule",

@@ -1,15 +1,24 @@
-"""The ``scheduler`` section of the ``SLOPolicy`` model: which policy, GMAX's cutoff ``p``,
-frames, aging, length quantile and refinement, preemption, and each mechanism on or off
-(:mod:`jitserve.policy` assembles the sections)."""
+"""The ``scheduler`` section of the ``SLOPolicy`` model: which policy (or ``auto``, and
+the tuner's settings), GMAX's cutoff ``p``, frames, aging, length quantile and
+refinement, preemption, and each mechanism on or off (:mod:`jitserve.policy` assembles
+the sections)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from jitserve.policy.base import SpecModel as _Model
+
+AUTO = "auto"
+"""``scheduler.policy: auto``: the tuner picks among ``scheduler.auto.candidates``."""
+AUTO_CANDIDATES = ("gmax", "fcfs-ac", "sarathi-ac", "edf-ac", "lsf-ac", "sjf-ac", "plas-ac",
+                   "slidingserve-ac")
+"""GMAX and every baseline with the same overload control: what the matrix compares
+(:mod:`jitserve.scheduling.registry` knows the names; a test keeps these among them)."""
+SchedulerName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
 
 
 class Objective(StrEnum):
@@ -136,11 +145,69 @@ class MechanismSettings(_Model):
     )
 
 
+class AutoSettings(_Model):
+    """``policy: auto``: every period the pod's last warm-up + window of traffic is replayed
+    through the simulator once per candidate, and a candidate whose goodput (summed over
+    the last ``memory`` comparisons) beats the scheduler in effect's by more than
+    ``margin`` takes over (docs/tuning.md)."""
+
+    candidates: list[SchedulerName] = Field(
+        default_factory=lambda: list(AUTO_CANDIDATES),
+        min_length=1,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="The schedulers compared (gmax or a baseline name; the sidecar refuses "
+        "a policy naming one it does not know); the first runs until the first comparison.",
+    )
+    period_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Seconds between comparisons."
+    )
+    window_seconds: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Seconds of past traffic each comparison scores the candidates on.",
+    )
+    warmup_seconds: float = Field(
+        default=30.0, ge=0, le=3600,
+        description="Seconds replayed before the window and scored for nothing: the backlog "
+        "each candidate carries into the window is its own.",
+    )
+    margin: float = Field(
+        default=0.05, ge=0, le=10,
+        description="A candidate takes over when it earns more than (1 + margin) x the "
+        "scheduler in effect.",
+    )
+    memory: int = Field(
+        default=3, ge=1, le=100,
+        description="Comparisons whose scores are summed for a decision (hysteresis).",
+    )
+    min_requests: int = Field(
+        default=20, ge=1, le=1000000,
+        description="Fewer requests in a window: no comparison (too few to tell apart).",
+    )
+    profile: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="The engine model the replays run on: a bundled profile (a100-llama3-8b, "
+        "cpu-tiny-llama) or a profile file written by jitserve calibrate; unset: the "
+        "sidecar's --engine-profile.",
+    )
+
+    @field_validator("candidates")
+    @classmethod
+    def _no_repeats(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"candidates repeat a name: {names}")
+        return names
+
+
 class SchedulerSettings(_Model):
     """The GMAX scheduler's knobs."""
 
-    policy: str = Field(
-        default="gmax", pattern=r"^[a-z][a-z0-9-]*$", description="gmax or a baseline name."
+    policy: SchedulerName = Field(
+        default="gmax",
+        description="gmax, a baseline name, or auto (the tuner picks among auto.candidates).",
+    )
+    auto: AutoSettings = Field(
+        default=AutoSettings(), description="The tuner's settings when policy is auto."
     )
     cutoff: CutoffSettings = Field(
         default=CutoffSettings(), description="GMAX's priority cutoff p (fixed or auto)."
@@ -194,3 +261,11 @@ class SchedulerSettings(_Model):
         default=MechanismSettings(),
         description="Each GMAX mechanism on or off (ablations); all on by default.",
     )
+
+    def running(self, auto_choice: str | None = None) -> str:
+        """The scheduler that runs: ``policy``, or with ``auto`` the tuner's choice when it
+        is a candidate (before any, the first candidate)."""
+        if self.policy != AUTO:
+            return self.policy
+        candidates = self.auto.candidates
+        return auto_choice if auto_choice in candidates else candidates[0]

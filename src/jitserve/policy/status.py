@@ -143,6 +143,17 @@ class SLOPolicyStatus(_Model):
     effective_cutoff: float | None = Field(
         default=None, ge=0, le=1, description="Mean p the sidecars use now."
     )
+    policy_in_effect: str | None = Field(
+        default=None, max_length=1024,
+        description="The scheduler the sidecars run now: spec.scheduler.policy, or with auto "
+        "the tuner's choice; when pods differ, each with its count, most first "
+        "(e.g. 'gmax 2, edf-ac 1').",
+    )
+    policy_in_effect_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the scheduler in effect last changed on a pod (RFC 3339).",
+    )
     fairness: FairnessStatus | None = Field(
         default=None,
         description="Each tenant's goodput share against its max-min fair share, and Jain's "

@@ -37,6 +37,7 @@ FLAGS = {
     "stall_timeout_s": "--stall-timeout", "header_timeout_s": "--header-timeout",
     "body_timeout_s": "--body-timeout", "max_json_depth": "--max-json-depth",
     "max_buffered_tokens": "--max-buffered-tokens", "access_log": "--access-log",
+    "engine_profile": "--engine-profile",
 }
 """SidecarSettings field -> the flag that sets it (errors name the flag)."""
 
@@ -115,6 +116,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action="store_true",
                    help="write a JSON line per answered request to stdout (request id, "
                    "tenant, SLO kind and class, outcome, tokens, status, seconds)")
+    p.add_argument("--engine-profile", default="a100-llama3-8b", metavar="NAME_OR_FILE",
+                   help="the engine model scheduler.policy auto replays the recent traffic "
+                   "on, unless the policy's scheduler.auto.profile names one: a bundled "
+                   "profile (a100-llama3-8b, cpu-tiny-llama) or a file from jitserve "
+                   "calibrate")
     p.add_argument("--log-level", default="INFO",
                    help="DEBUG, INFO, WARNING or ERROR")
 
@@ -142,7 +148,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             stall_timeout_s=args.stall_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout, max_json_depth=args.max_json_depth,
-            max_buffered_tokens=args.max_buffered_tokens, access_log=args.access_log)
+            max_buffered_tokens=args.max_buffered_tokens, access_log=args.access_log,
+            engine_profile=args.engine_profile)
     except ValidationError as err:
         raise flag_error(err.errors(), FLAGS) from err
 

@@ -96,6 +96,10 @@ class SidecarSettings(BaseModel):
         description="Tokens a stream may hold unsent for a slow reader before it is aborted.")
     access_log: bool = Field(default=False,
                              description="A JSON line per answered request on stdout.")
+    engine_profile: str = Field(
+        default="a100-llama3-8b", min_length=1, max_length=4096,
+        description="The engine model scheduler.policy auto replays on, unless the policy's "
+        "scheduler.auto.profile names one: a bundled profile or a jitserve calibrate file.")
 
 
 class ConfigWatcher:

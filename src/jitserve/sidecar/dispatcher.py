@@ -44,20 +44,13 @@ from jitserve.sidecar.engine_slo import engine_xargs
 from jitserve.sidecar.errors import APIError, shutting_down, ttl_expired
 from jitserve.sidecar.frames import FrameClock, FrameLoop
 from jitserve.sidecar.health import BackendHealth
+from jitserve.sidecar.in_effect import InEffect, PolicyFactory, default_policy_factory
 from jitserve.sidecar.jobs import Event, EventKind, Job
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.programs import ProgramBook
 from jitserve.sidecar.reporting import Reporter, label, retirement_error
 from jitserve.sidecar.streams import ForwardTask, StreamRunner
 from jitserve.slo import CompoundSLO
-
-PolicyFactory = Callable[[SLOPolicySpec], Policy]
-
-
-def default_policy_factory(spec: SLOPolicySpec) -> Policy:
-    from jitserve.scheduling.registry import make_policy
-
-    return make_policy(spec)
 
 
 class Dispatcher:
@@ -85,12 +78,12 @@ class Dispatcher:
         self.engine_queue = (
             default_engine_queue(max_running) if engine_queue is None else engine_queue)
         self.clock = clock
-        self._factory = policy_factory
+        self.in_effect = InEffect(policy_factory, metrics)
         self.programs = ProgramBook()
         # seeded with CPU-ish guesses; measured from the first tokens on
         self.speed = SpeedMeter(decode_step_s=0.02, prefill_s_per_token=1e-3, token_s=1e-3)
         self.lifecycle = Lifecycle(
-            policy_factory(spec),
+            self.in_effect.first(spec),
             QuantileEstimator(spec.scheduler.length_quantile),
             self,
             self.speed,
@@ -127,6 +120,11 @@ class Dispatcher:
     @property
     def policy(self) -> Policy:
         return self.lifecycle.policy
+
+    @property
+    def scheduler(self) -> str:
+        """The name of the scheduler in effect."""
+        return self.in_effect.name
 
     @property
     def ready(self) -> bool:
@@ -188,12 +186,9 @@ class Dispatcher:
 
     # ---- hot reload ---------------------------------------------------------------------
     def apply_spec(self, spec: SLOPolicySpec) -> None:
-        """New settings from the policy file; what the policy learned is kept, and on a
-        change of scheduler the waiting requests move to the new one."""
-        if spec.scheduler.policy == self.spec.scheduler.policy:
-            self.policy.configure(spec)
-        else:
-            self.lifecycle.switch_policy(self._factory(spec), self.clock())
+        """New settings from the policy file (:class:`InEffect` says what happens to the
+        scheduler)."""
+        self.in_effect.apply(self.lifecycle, spec, self.clock())
         self.spec = spec
         self.admission.configure(spec)
         self.lifecycle.door.configure(spec)
@@ -203,6 +198,12 @@ class Dispatcher:
         self.lifecycle.refiner.every = spec.scheduler.refine_every
         self.report.describe(self.policy)
         self.frames.wake()
+
+    def use_scheduler(self, name: str) -> None:
+        """Run ``name``, a candidate of ``scheduler.policy: auto`` (the tuner's choice)."""
+        if self.in_effect.apply(self.lifecycle, self.spec, self.clock(), choice=name):
+            self.report.describe(self.policy)
+            self.frames.wake()
 
     # ---- arrivals -----------------------------------------------------------------------
     async def submit(self, req: Request, *, model: str, prompt_ids: list[int], max_tokens: int,

@@ -26,7 +26,12 @@ one process, e.g. in tests). Names follow Prometheus conventions, units in the n
   ended (finished, failed, cancelled or retired), as vLLM's ``vllm:prompt_tokens_total``
   and ``vllm:generation_tokens_total`` count them, by tenant and served model
 - ``jitserve_build_info{version,policy,scheduler}``: 1; ``policy`` is the SLOPolicy
-  (``--policy-name``), ``scheduler`` the policy file's scheduler in force
+  (``--policy-name``), ``scheduler`` the policy file's (``auto`` included)
+- ``jitserve_policy_in_effect{policy}``: 1 for the scheduler that runs now (with ``auto``
+  the tuner's choice), ``jitserve_policy_in_effect_since_seconds`` (Unix time it started),
+  ``jitserve_policy_switches_total``; the tuner's ``jitserve_tuner_comparisons_total
+  {decision}`` (kept, switched) and ``jitserve_tuner_cpu_seconds_total`` (its replays'
+  CPU, in their own process)
 
 The ``tenant`` label is bounded: once the server sets :attr:`SidecarMetrics.known_tenants`
 (the policy's tenants, the owners of API keys and ``default``), any other tenant (an
@@ -151,6 +156,22 @@ class SidecarMetrics:
                                 "serves and its scheduler (always 1).",
                                 ["version", "policy", "scheduler"], registry=r)
         self._build: tuple[str, str, str] | None = None
+        self.policy_in_effect = Gauge(
+            "jitserve_policy_in_effect", "The scheduler that runs now (1): the policy file's, "
+            "or with scheduler.policy auto the tuner's choice.", ["policy"], registry=r)
+        self.policy_in_effect_since = Gauge(
+            "jitserve_policy_in_effect_since_seconds", "When the scheduler in effect started "
+            "(Unix time).", registry=r)
+        self._in_effect: str | None = None
+        self.policy_switches = Counter(
+            "jitserve_policy_switches", "Changes of the scheduler in effect (policy file or "
+            "tuner).", registry=r)
+        self.tuner_comparisons = Counter(
+            "jitserve_tuner_comparisons", "Comparisons of the candidates on the recent "
+            "traffic (scheduler.policy auto), by decision.", ["decision"], registry=r)
+        self.tuner_cpu = Counter(
+            "jitserve_tuner_cpu_seconds", "CPU time of the tuner's replays (in a process of "
+            "their own).", registry=r)
 
         self._by_kind: dict[tuple[str, str], Any] = {}
 
@@ -168,6 +189,14 @@ class SidecarMetrics:
             self.build_info.remove(*self._build)
         self._build = (__version__, policy, scheduler)
         self.build_info.labels(*self._build).set(1)
+
+    def in_effect(self, policy: str, since_s: float) -> None:
+        """``policy`` runs since ``since_s`` (one series: a switch replaces it)."""
+        if self._in_effect is not None:
+            self.policy_in_effect.remove(self._in_effect)
+        self._in_effect = policy
+        self.policy_in_effect.labels(policy).set(1)
+        self.policy_in_effect_since.set(since_s)
 
     def tenant_label(self, tenant: str) -> str:
         """``tenant``, or ``other`` when it is outside the known set."""

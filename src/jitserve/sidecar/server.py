@@ -40,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from jitserve.policy import SLOPolicySpec
+from jitserve.policy import AUTO, SLOPolicySpec
 from jitserve.scheduling.base import Policy
 from jitserve.sidecar import intake, request_ids, responses
 from jitserve.sidecar.access_log import JSONAccessLogger, access_logger
@@ -48,11 +48,13 @@ from jitserve.sidecar.backend import VLLMBackend
 from jitserve.sidecar.bounds import Analyzer
 from jitserve.sidecar.completions import CompletionRoutes
 from jitserve.sidecar.config import ConfigWatcher, SidecarSettings, TenantKeys
-from jitserve.sidecar.dispatcher import Dispatcher, PolicyFactory, default_policy_factory
+from jitserve.sidecar.dispatcher import Dispatcher
 from jitserve.sidecar.errors import backend_down
+from jitserve.sidecar.in_effect import PolicyFactory, default_policy_factory
 from jitserve.sidecar.metrics import SidecarMetrics
 from jitserve.sidecar.prompts import PromptReader
 from jitserve.sidecar.replica import EngineMetrics, ReplicaReporter
+from jitserve.sidecar.tuning import LiveTuner, Replayer, auto_profile
 from jitserve.sidecar.upstream import BackendUnavailable
 from jitserve.sidecar.vllm_routes import TenantGate, add_vllm_routes
 
@@ -103,6 +105,7 @@ class SidecarServer:
         *,
         policy_factory: PolicyFactory = default_policy_factory,
         analyzer: Analyzer | None = None,
+        replayer: Replayer | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = SidecarMetrics()
@@ -117,6 +120,7 @@ class SidecarServer:
             engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer,
             min_frame_s=settings.min_frame_s, max_frame_s=settings.max_frame_s,
             health_interval_s=settings.health_interval_s)
+        self.tuner = LiveTuner(self.dispatcher, self.metrics, settings.engine_profile, replayer)
         self._apply(self.watcher.spec)
         self.metrics.built(settings.policy_name, self.spec.scheduler.policy)
         self._update_tenants()
@@ -170,13 +174,18 @@ class SidecarServer:
         return self.dispatcher.policy
 
     def _validate_spec(self, spec: SLOPolicySpec) -> None:
-        """What the schema cannot check: the scheduler exists (ValueError otherwise)."""
+        """What the schema cannot check: the scheduler exists, with ``auto`` each candidate
+        and the engine profile (ValueError otherwise)."""
+        if spec.scheduler.policy == AUTO:
+            auto_profile(spec, self.settings.engine_profile)
+            return
         current = getattr(self, "dispatcher", None)
         if current is None or spec.scheduler.policy != current.spec.scheduler.policy:
             self._policy_factory(spec)
 
     def _apply(self, spec: SLOPolicySpec) -> None:
         self.dispatcher.apply_spec(spec)
+        self.tuner.configure(spec)
         self.metrics.fairness.settings = spec.fairness
         for warning in simulator_only(spec):
             log.warning("%s", warning)
@@ -215,6 +224,7 @@ class SidecarServer:
         self._connect_analyzer()
         await self.dispatcher.start()
         self.engine_metrics.start()
+        self.tuner.start()
         self._watch_task = asyncio.create_task(self._watch(), name="jitserve-config")
 
     async def _watch(self) -> None:
@@ -234,6 +244,7 @@ class SidecarServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
         await self.engine_metrics.stop()
+        await self.tuner.stop()
         await self.dispatcher.shutdown()
         if self._analyzer_client is not None:
             await self._analyzer_client.close()
@@ -318,6 +329,7 @@ class SidecarServer:
         self._admin(request)
         snap = self.dispatcher.snapshot()
         snap["config_error"] = self.watcher.last_error
+        snap["auto"] = self.tuner.explain()
         return web.json_response(snap)
 
     async def list_models(self, request: web.Request) -> web.Response:

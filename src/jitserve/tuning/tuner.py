@@ -1,6 +1,6 @@
 """The tuner: which scheduler would have earned the most on the traffic just seen.
 
-Every ``period_s`` the replica's last ``warmup_s + window_s`` of work
+Every ``periodSeconds`` the replica's last ``warmupSeconds + windowSeconds`` of work
 (:class:`~jitserve.serving.traffic.TrafficRecord`: the past only, lengths not yet seen
 estimated) is replayed through a twin of its engine, the simulator on the replica's
 profile, once per candidate policy, each with a copy of the replica's own length
@@ -9,8 +9,11 @@ tokens, or requests that met their SLO, as the policy's objective says). The can
 whose scores summed over the last ``memory`` comparisons beat the policy in effect's by
 more than ``margin`` takes over (hysteresis: a near tie or one lucky window never
 switches); there is no comparison before a whole warm-up and window of history. The
-switch itself (:class:`AutoScheduler`) is the lifecycle's: the new policy takes the
-waiting and running requests as they are. docs/tuning.md says why each of these is so.
+settings are ``SLOPolicy``'s ``scheduler.auto``. The switch itself is the lifecycle's:
+the new policy takes the waiting and running requests as they are; the simulator's
+driver is :class:`AutoScheduler`, the sidecar's :mod:`jitserve.sidecar.tuning` (which
+runs :func:`replay_all` in a process of its own). docs/tuning.md says why each of these
+is so.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import copy
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from jitserve.goodput import GoodputLedger, Outcome
-from jitserve.policy import Objective, SLOPolicySpec
+from jitserve.policy import AUTO, AutoSettings, Objective, SLOPolicySpec
 from jitserve.requests import Workitem
 from jitserve.scheduling.estimators import LengthEstimator, UniformStageShare
 from jitserve.scheduling.registry import make_policy, scheduler_names
@@ -31,41 +34,25 @@ from jitserve.serving.traffic import TrafficRecord
 from jitserve.sim.engine import Engine
 from jitserve.sim.latency import Profile
 
-AUTO = "auto"
-DEFAULT_CANDIDATES = ("gmax", "fcfs-ac", "sarathi-ac", "edf-ac", "lsf-ac", "sjf-ac", "plas-ac",
-                      "slidingserve-ac")
-"""GMAX and every baseline with the same overload control: what the matrix compares."""
+__all__ = ["AUTO", "AutoScheduler", "Comparison", "Trial", "Tuner", "check_candidates",
+           "replay_all", "with_auto"]
 
 
-@dataclass(frozen=True)
-class TunerSettings:
-    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
-    """The first is in effect until the first comparison."""
-    period_s: float = 30.0
-    window_s: float = 60.0
-    margin: float = 0.05
-    """A candidate takes over only when it earns more than (1 + margin) x the policy in
-    effect on the same window."""
-    min_items: int = 20
-    """Fewer work items in a window: no comparison (too little to tell policies apart)."""
-    warmup_s: float = 30.0
-    """Each replay starts this long before the window, its work scored for nothing: the
-    backlog each candidate would carry into the window is its own (a replay from an
-    empty engine shows no overload, where policies differ most)."""
-    memory: int = 3
-    """Comparisons whose scores are summed for a decision: one window's luck does not
-    switch (a regime change shows in every window after it)."""
+def check_candidates(auto: AutoSettings) -> None:
+    """ValueError naming the candidates no scheduler has."""
+    known = scheduler_names()
+    unknown = [name for name in auto.candidates if name not in known]
+    if unknown:
+        raise ValueError(f"scheduler.auto.candidates: unknown {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(known)}")
 
-    def __post_init__(self) -> None:
-        known = set(scheduler_names())
-        unknown = [c for c in self.candidates if c not in known]
-        if not self.candidates or unknown:
-            raise ValueError(f"auto candidates must be scheduler names, got {unknown or '[]'}; "
-                             f"known: {', '.join(sorted(known))}")
-        if not (self.period_s > 0 and self.window_s > 0 and self.margin >= 0
-                and self.memory >= 1 and self.warmup_s >= 0):
-            raise ValueError("auto period and window must be > 0, the margin and warm-up "
-                             ">= 0 and the memory >= 1")
+
+def with_auto(spec: SLOPolicySpec, **changes: object) -> SLOPolicySpec:
+    """``spec`` with ``scheduler.auto``'s fields changed (snake_case names), validated as
+    the sidecar validates its policy file (ValueError naming the field)."""
+    auto = AutoSettings.model_validate({**spec.scheduler.auto.model_dump(), **changes})
+    check_candidates(auto)
+    return spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"auto": auto})})
 
 
 @dataclass(frozen=True)
@@ -91,42 +78,80 @@ class Comparison:
     cpu_s: float
 
 
+def replay(spec: SLOPolicySpec, profile: Profile, name: str, items: Sequence[Workitem],
+           estimator: LengthEstimator, seed: int = 0) -> Trial:
+    """``items`` (the warm-up, then the window) through a twin of the engine scheduled
+    by ``name``, until the end of the window, scoring the window's arrivals: work left
+    then earns nothing (after a window the engine serves the next one's arrivals too, so
+    a drain would credit what overload does not give)."""
+    scheduler, auto = spec.scheduler, spec.scheduler.auto
+    ledger = _ArrivedSince(auto.warmup_seconds)
+    twin = Engine(profile, make_policy(spec, seed, name), copy.deepcopy(estimator),
+                  UniformStageShare(), ledger=ledger, refine_every=scheduler.refine_every,
+                  budget_rule=scheduler.budget_rule,
+                  batch_constructor=scheduler.batch_constructor)
+    twin.run(items, until_s=auto.warmup_seconds + auto.window_seconds)
+    return Trial(name, float(ledger.overall.goodput_tokens), ledger.overall.met, len(items))
+
+
+def replay_all(spec: SLOPolicySpec, profile: Profile, items: Sequence[Workitem],
+               estimator: LengthEstimator, seed: int = 0) -> tuple[tuple[Trial, ...], float]:
+    """Every candidate of ``spec.scheduler.auto`` on ``items``, and the CPU seconds it
+    took (a module-level function: the sidecar runs it in a process of its own)."""
+    started = time.process_time()
+    trials = tuple(replay(spec, profile, name, items, estimator, seed)
+                   for name in spec.scheduler.auto.candidates)
+    return trials, time.process_time() - started
+
+
 class Tuner:
-    def __init__(self, spec: SLOPolicySpec, profile: Profile, settings: TunerSettings,
-                 seed: int = 0) -> None:
-        self.spec, self.profile, self.settings, self.seed = spec, profile, settings, seed
-        self._recent: deque[dict[str, float]] = deque(maxlen=settings.memory)
+    """The decisions over the comparisons, from ``spec.scheduler.auto``: when a window
+    is due, and which candidate its trials (with the last ``memory`` windows') elect."""
+
+    def __init__(self, spec: SLOPolicySpec, profile: Profile, seed: int = 0) -> None:
+        check_candidates(spec.scheduler.auto)
+        self.spec, self.profile, self.seed = spec, profile, seed
+        self._recent: deque[dict[str, float]] = deque(maxlen=self.settings.memory)
+
+    @property
+    def settings(self) -> AutoSettings:
+        return self.spec.scheduler.auto
+
+    @property
+    def span_s(self) -> float:
+        return self.settings.warmup_seconds + self.settings.window_seconds
+
+    def record(self) -> TrafficRecord:
+        """A record that keeps what one comparison replays."""
+        return TrafficRecord(self.span_s)
+
+    def due(self, record: TrafficRecord, since_s: float, now_s: float) -> list[Workitem] | None:
+        """The warm-up and window to replay at ``now_s``, or None: less than a whole
+        span of history since ``since_s`` (a shorter one is a few tens of requests
+        scored over seconds: the first version switched on one or two of them and held
+        the wrong policy for 2 minutes), or fewer than ``min_requests`` in it."""
+        if now_s - since_s < self.span_s:
+            return None
+        window = record.window(now_s - self.span_s, now_s)
+        return window if len(window) >= self.settings.min_requests else None
 
     def score(self, trial: Trial) -> float:
         requests = self.spec.objective is Objective.REQUESTS
         return float(trial.met) if requests else trial.goodput_tokens
 
-    def replay(self, name: str, items: list[Workitem], estimator: LengthEstimator) -> Trial:
-        """``items`` (the warm-up, then the window) through a twin of the engine scheduled
-        by ``name``, until the end of the window, scoring the window's arrivals: work left
-        then earns nothing (after a window the engine serves the next one's arrivals too,
-        so a drain would credit what overload does not give)."""
-        scheduler, settings = self.spec.scheduler, self.settings
-        ledger = _ArrivedSince(settings.warmup_s)
-        twin = Engine(self.profile, make_policy(self.spec, self.seed, name),
-                      copy.deepcopy(estimator),
-                      UniformStageShare(), ledger=ledger, refine_every=scheduler.refine_every,
-                      budget_rule=scheduler.budget_rule,
-                      batch_constructor=scheduler.batch_constructor)
-        twin.run(items, until_s=settings.warmup_s + settings.window_s)
-        return Trial(name, float(ledger.overall.goodput_tokens), ledger.overall.met, len(items))
-
-    def compare(self, items: list[Workitem], in_effect: str, estimator: LengthEstimator,
-                now_s: float) -> Comparison:
-        started = time.process_time()
-        trials = tuple(self.replay(name, items, estimator) for name in self.settings.candidates)
+    def decide(self, trials: tuple[Trial, ...], in_effect: str, now_s: float,
+               cpu_s: float) -> Comparison:
         self._recent.append({t.policy: self.score(t) for t in trials})
-        evidence = {t.policy: sum(s[t.policy] for s in self._recent) for t in trials}
+        evidence = {t.policy: sum(s.get(t.policy, 0.0) for s in self._recent) for t in trials}
         best = max(evidence, key=lambda name: evidence[name])
         current = evidence.get(in_effect, -math.inf)
         choice = best if evidence[best] > (1 + self.settings.margin) * current else in_effect
-        return Comparison(now_s, in_effect, choice, trials, evidence,
-                          time.process_time() - started)
+        return Comparison(now_s, in_effect, choice, trials, evidence, cpu_s)
+
+    def compare(self, items: list[Workitem], in_effect: str, estimator: LengthEstimator,
+                now_s: float) -> Comparison:
+        trials, cpu_s = replay_all(self.spec, self.profile, items, estimator, self.seed)
+        return self.decide(trials, in_effect, now_s, cpu_s)
 
 
 class _ArrivedSince(GoodputLedger):
@@ -154,11 +179,10 @@ class AutoScheduler:
     """(when, to which policy), the first entry the start: the first candidate."""
 
     def __post_init__(self) -> None:
-        settings = self.tuner.settings
-        self.switches.append((0.0, settings.candidates[0]))
-        self.record = TrafficRecord(settings.warmup_s + settings.window_s)
+        self.switches.append((0.0, self.tuner.settings.candidates[0]))
+        self.record = self.tuner.record()
         self.engine.lifecycle.observer = self.record
-        self._next_s = settings.period_s
+        self._next_s = self.tuner.settings.period_seconds
 
     @property
     def in_effect(self) -> str:
@@ -174,18 +198,12 @@ class AutoScheduler:
                 # policy's even when the tuner never switches
                 self.tick(self.engine.now)
                 while self._next_s <= item.arrival_s:
-                    self._next_s += self.tuner.settings.period_s
+                    self._next_s += self.tuner.settings.period_seconds
             yield item
 
     def tick(self, now_s: float) -> None:
-        settings = self.tuner.settings
-        span_s = settings.warmup_s + settings.window_s
-        if now_s < span_s:
-            # a shorter history is a few tens of requests scored over seconds: the first
-            # version switched on one or two of them and held the wrong policy for 2 minutes
-            return
-        window = self.record.window(now_s - span_s, now_s)
-        if len(window) < settings.min_items:
+        window = self.tuner.due(self.record, 0.0, now_s)
+        if window is None:
             return
         comparison = self.tuner.compare(window, self.in_effect,
                                         self.engine.lifecycle.estimator, now_s)
