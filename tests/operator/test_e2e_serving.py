@@ -209,6 +209,9 @@ def test_with_tenant_keys_the_attainment_column_fills_from_the_admin_port(
         },
         "admission": {"maxWaitingSeconds": 120},
         "reporting": {"attainmentWindowSeconds": 120},  # both requests stay in the window
+        # auto through the operator; a margin no candidate beats: gmax runs throughout
+        "scheduler": {"policy": "auto", "auto": {"candidates": ["gmax", "edf-ac"],
+                                                 "margin": 10, "profile": "cpu-tiny-llama"}},
     }
     admin.create(_policy(name, spec))
     sidecar_args = _containers(admin, name)["sidecar"]["args"]
@@ -272,6 +275,8 @@ def test_with_tenant_keys_the_attainment_column_fills_from_the_admin_port(
 
         (cell,) = wait_until("a scrape after both requests, in the table", shown, timeout_s=60)
         assert float(cell) == 1.0
+        assert _table_cell(admin, name, "Scheduler") == "gmax"  # -o wide: what runs
+        assert status()["policyInEffectSince"].endswith("Z")
 
         code, text = _call(admin_url + "/metrics", None)
         assert code == 200

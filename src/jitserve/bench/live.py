@@ -279,20 +279,24 @@ async def scheduler_state(session: aiohttp.ClientSession, url: str) -> dict[str,
         return None
 
 
-async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: float = 30.0) -> None:
-    """Rewrite ``scheduler.policy`` in the sidecar's (hot-reloaded) policy file and wait
-    until the sidecar runs it."""
+async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: float = 30.0,
+                        **scheduler: Any) -> None:
+    """Rewrite ``scheduler.policy`` (and any other ``scheduler`` fields given, by their
+    wire names) in the sidecar's (hot-reloaded) policy file and wait until the sidecar
+    runs it (``auto``: until its tuner is on) with nothing running."""
     import yaml
 
     doc = yaml.safe_load(policy_file.read_text()) if policy_file.exists() else {}
     doc = doc or {}
-    doc.setdefault("scheduler", {})["policy"] = policy
+    doc.setdefault("scheduler", {}).update(policy=policy, **scheduler)
     policy_file.write_text(yaml.safe_dump(doc, sort_keys=True))
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             state = await scheduler_state(session, url)
-            if state and state.get("policy") == policy and not state.get("running"):
+            running = (state or {}).get("auto") is not None if policy == "auto" else (
+                (state or {}).get("policy") == policy)
+            if state and running and not state.get("running"):
                 return
             await asyncio.sleep(0.5)
     raise RuntimeError(f"the sidecar at {url} did not switch to policy {policy!r} within "

@@ -11,7 +11,9 @@ one runs and since when (``jitserve_policy_in_effect``).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.base import Policy
@@ -46,6 +48,8 @@ class InEffect:
         self.wall_clock = wall_clock
         self.name = ""
         self.since_s = 0.0
+        self.history: deque[tuple[float, str]] = deque(maxlen=32)
+        """(Unix time, scheduler) of the last changes, the first the start."""
 
     def first(self, spec: SLOPolicySpec) -> Policy:
         """The policy to start with."""
@@ -67,4 +71,10 @@ class InEffect:
 
     def _now_running(self, name: str) -> None:
         self.name, self.since_s = name, self.wall_clock()
+        self.history.append((self.since_s, name))
         self.metrics.in_effect(name, self.since_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For ``/debug/scheduler``: since when, and the last changes."""
+        return {"since": self.since_s,
+                "history": [{"at": at, "scheduler": name} for at, name in self.history]}
