@@ -15,6 +15,7 @@ in-engine scheduler (:mod:`jitserve.engine`; its flags and environment variable 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import os
 import signal
@@ -222,7 +223,10 @@ def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | Non
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     return True
-        except (urllib.error.URLError, OSError, ValueError):
+        # HTTPException: before the server binds, a connect to its loopback port can meet
+        # itself (the kernel picked that very port as the source: TCP simultaneous open)
+        # and read its own request back as the answer ("BadStatusLine: GET /ready")
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
             pass
         time.sleep(interval_s)
     return False
