@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from jitserve.bench.stream import StreamResult, stream_completion
@@ -139,3 +140,39 @@ def test_the_real_tuner_compares_the_candidates_in_its_own_process(sidecar: Any)
     assert metric(text, "jitserve_tuner_cpu_seconds_total") > 0
     assert metric(text, "jitserve_tuner_comparisons_total", decision="kept") >= 1
     assert metric(text, "jitserve_policy_in_effect", policy="gmax") == 1
+
+
+def test_a_replay_process_that_died_is_started_again() -> None:
+    """The worker killed (the kernel's OOM killer, an operator's kill): that comparison
+    fails, the next one runs in a new worker."""
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from jitserve.scheduling.estimators import QuantileEstimator
+    from jitserve.sidecar.tuning import ProcessReplayer
+    from jitserve.sim.latency import load_profile
+    from jitserve.sim.workload import WorkloadSpec, generate
+
+    spec = SLOPolicySpec.model_validate(auto_policy(candidates=["gmax", "fcfs"]))
+    items = list(generate(WorkloadSpec(trace="azure-conv", duration_s=5.0, rate_per_s=4.0,
+                                       slo=spec.slo_defaults)))
+    profile, estimator = load_profile("cpu-tiny-llama"), QuantileEstimator(0.95)
+
+    async def scenario() -> None:
+        replayer = ProcessReplayer()
+        try:
+            trials, _ = await replayer(spec, profile, items, estimator)
+            assert [t.policy for t in trials] == ["gmax", "fcfs"]
+            pool = replayer._pool
+            assert pool is not None
+            for pid in list(pool._processes):
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(BrokenProcessPool):
+                await replayer(spec, profile, items, estimator)
+            again, _ = await replayer(spec, profile, items, estimator)
+            assert again == trials and replayer._pool is not pool
+        finally:
+            replayer.close()
+
+    asyncio.run(scenario())

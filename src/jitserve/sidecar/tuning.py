@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from jitserve.policy import AUTO, SLOPolicySpec
@@ -75,7 +76,8 @@ def _lower_priority() -> None:
 
 class ProcessReplayer:
     """:func:`replay_all` in one worker process, started at the first replay (spawned: a
-    forked copy of a process with threads and an event loop is unsafe) and niced."""
+    forked copy of a process with threads and an event loop is unsafe) and niced; one
+    that died (killed for memory, say) is started again at the next replay."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
@@ -85,8 +87,12 @@ class ProcessReplayer:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"),
                                              initializer=_lower_priority)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, replay_all, spec, profile, list(items), estimator)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, replay_all, spec, profile, list(items), estimator)
+        except BrokenProcessPool:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._pool is not None:
