@@ -256,12 +256,14 @@ class SidecarServer:
         return bound
 
     async def start(self) -> int:
-        """Serve on settings.host:port (port 0: any free port); returns the port."""
-        self.port = await self._serve_app(self.app, self.settings.port,
-                                          self.settings.access_log)
+        """Serve on settings.host:port (port 0: any free port); returns the port. The
+        admin port is bound first: once the API answers, both are served (the other way
+        round, a taken admin port ended the process just after its API had said ready)."""
         if self.admin_app is not None:
             assert self.settings.admin_port is not None
             self.admin_port = await self._serve_app(self.admin_app, self.settings.admin_port)
+        self.port = await self._serve_app(self.app, self.settings.port,
+                                          self.settings.access_log)
         return self.port
 
     async def shutdown(self, drain_s: float) -> None:
