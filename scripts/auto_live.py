@@ -30,29 +30,25 @@ import aiohttp
 
 from jitserve.bench import live as live_bench
 from jitserve.bench.capacity import measure_capacity
-from jitserve.bench.live import live_row, live_spec, run_live, scheduler_state, switch_policy
+from jitserve.bench.live import (
+    live_row,
+    live_spec,
+    metric_total,
+    run_live,
+    scheduler_state,
+    switch_policy,
+)
+from jitserve.policy import AUTO
 from jitserve.sim.latency import load_profile
-
-AUTO = "auto"
-
-
-async def metrics_text(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        return await resp.text()
-
-
-def counter(text: str, name: str) -> float:
-    """A counter's value (its label sets summed; 0 before it counted)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
 
 COUNTERS = {"switches": "jitserve_policy_switches_total",
             "comparisons": "jitserve_tuner_comparisons_total",
             "tuner_cpu_s": "jitserve_tuner_cpu_seconds_total"}
+
+
+async def counters(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session:
+        return {k: await metric_total(session, url, name) for k, name in COUNTERS.items()}
 
 
 def auto_settings(args: argparse.Namespace, policy: str) -> dict[str, Any]:
@@ -70,8 +66,7 @@ async def one_run(args: argparse.Namespace, policy: str, items: list[Any],
     if policy.startswith(AUTO):  # from its first candidate, with an empty history
         await switch_policy(args.url, args.policy_file, auto["candidates"][0], 120)
     await switch_policy(args.url, args.policy_file, policy.split(":")[0], 120, auto=auto)
-    text = await metrics_text(args.url)
-    before = {k: counter(text, name) for k, name in COUNTERS.items()}
+    before = await counters(args.url)
     live_bench.RUN_ID = f"{time.time_ns():x}"
     ledger, stats, wall = await run_live(args.url, items, seed=args.seed,
                                          prompt_seed=time.time_ns())
@@ -79,8 +74,8 @@ async def one_run(args: argparse.Namespace, policy: str, items: list[Any],
         state = await scheduler_state(session, args.url)
     row = live_row(policy, ledger, stats, duration_s, wall, load=args.load, seed=args.seed,
                    scheduler=state)
-    text = await metrics_text(args.url)
-    row.update({k: counter(text, name) - before[k] for k, name in COUNTERS.items()})
+    after = await counters(args.url)
+    row.update({k: after[k] - before[k] for k in COUNTERS})
     row["auto"] = (state or {}).get("auto")
     row["in_effect"] = (state or {}).get("in_effect")
     return row

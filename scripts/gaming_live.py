@@ -38,11 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jitserve.bench import live as live_bench
 from jitserve.bench.capacity import measure_capacity
-from jitserve.bench.live import live_spec, run_live, scheduler_state
+from jitserve.bench.live import live_spec, metric_total, run_live, scheduler_state
 from jitserve.bench.runner import Cell, run_one
 from jitserve.fairshare import fair_allocation
 from jitserve.operator.fairness_status import fairness_status
-from jitserve.operator.status import OutcomeHistory, parse_metrics
+from jitserve.operator.sidecar_metrics import OutcomeHistory, parse_metrics
 from jitserve.policy import SLOPolicySpec, load_policy
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import generate
@@ -72,10 +72,7 @@ def policy_doc(f: float, contract: str | None) -> dict[str, Any]:
 
 async def reloads(session: aiohttp.ClientSession, url: str) -> float:
     """How many times the sidecar has reloaded its policy file."""
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return sum(float(s.value) for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == "jitserve_config_reloads_total")
+    return await metric_total(session, url, "jitserve_config_reloads_total")
 
 
 async def apply(url: str, policy_file: Path, doc: dict[str, Any], timeout_s: float = 120) -> None:

@@ -37,6 +37,7 @@ from jitserve.goodput import (
     latency_tokens_on_time,
     score_request,
 )
+from jitserve.policy import AUTO
 from jitserve.requests import Program, Request, Workitem
 from jitserve.sidecar import headers as hdr
 from jitserve.sim.workload import WorkloadSpec, generate, parse_mix
@@ -279,6 +280,16 @@ async def scheduler_state(session: aiohttp.ClientSession, url: str) -> dict[str,
         return None
 
 
+async def metric_total(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    """The sidecar's sample ``name`` summed over its label sets (0 before it counted)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(url.rstrip("/") + "/metrics") as resp:
+        text = await resp.text()
+    return sum(float(s.value) for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == name)
+
+
 async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: float = 30.0,
                         **scheduler: Any) -> None:
     """Rewrite ``scheduler.policy`` (and any other ``scheduler`` fields given, by their
@@ -294,9 +305,9 @@ async def switch_policy(url: str, policy_file: Path, policy: str, timeout_s: flo
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             state = await scheduler_state(session, url)
-            running = (state or {}).get("auto") is not None if policy == "auto" else (
-                (state or {}).get("policy") == policy)
-            if state and running and not state.get("running"):
+            if state and not state.get("running") and (
+                    state.get("auto") is not None if policy == AUTO
+                    else state.get("policy") == policy):
                 return
             await asyncio.sleep(0.5)
     raise RuntimeError(f"the sidecar at {url} did not switch to policy {policy!r} within "
