@@ -244,8 +244,7 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from err
     if args.budget_rule:
         rule = BudgetRule(args.budget_rule)
-        spec = spec.model_copy(
-            update={"scheduler": spec.scheduler.model_copy(update={"budget_rule": rule})})
+        spec = spec.with_scheduler(budget_rule=rule)
     if args.matrix:
         return matrix.main(spec, Path(args.out), args.jobs, args.profile, _matrix_size(args))
     policies = [p.strip() for p in (args.policies or ",".join(default_policies())).split(",")]

@@ -123,11 +123,8 @@ def with_mechanisms_off(spec: SLOPolicySpec, off: tuple[str, ...]) -> SLOPolicyS
     unknown = set(off) - set(MechanismSettings.model_fields)
     if unknown:
         raise ValueError(f"unknown mechanisms {sorted(unknown)}")
-    scheduler = spec.scheduler
-    mechanisms = scheduler.mechanisms.model_copy(update=dict.fromkeys(off, False))
-    return spec.model_copy(
-        update={"scheduler": scheduler.model_copy(update={"mechanisms": mechanisms})}
-    )
+    return spec.with_scheduler(
+        mechanisms=spec.scheduler.mechanisms.model_copy(update=dict.fromkeys(off, False)))
 
 
 def make_setup(name: str, spec: SLOPolicySpec, seed: int = 0) -> Setup:

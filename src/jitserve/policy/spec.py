@@ -229,6 +229,11 @@ class SLOPolicySpec(_Model):
         default=ReportingSettings(), description="How attainment is reported in the status."
     )
 
+    def with_scheduler(self, **changes: Any) -> SLOPolicySpec:
+        """``self`` with these ``scheduler`` fields replaced (not validated again: pass
+        values of the fields' own types)."""
+        return self.model_copy(update={"scheduler": self.scheduler.model_copy(update=changes)})
+
     def cross_field_problems(self) -> list[str]:
         """Rules the CRD's OpenAPI schema cannot express, each naming its field (wire path):
         :meth:`cel_problems` and :meth:`webhook_problems`."""

@@ -34,8 +34,7 @@ def running_spec(spec: SLOPolicySpec, name: str) -> SLOPolicySpec:
     """``spec`` as the scheduler ``name`` runs it (``scheduler.policy`` = ``name``)."""
     if spec.scheduler.policy == name:
         return spec
-    return spec.model_copy(
-        update={"scheduler": spec.scheduler.model_copy(update={"policy": name})})
+    return spec.with_scheduler(policy=name)
 
 
 class InEffect:

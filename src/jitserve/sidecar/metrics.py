@@ -61,6 +61,21 @@ _FRAME_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.0
 OTHER_TENANT = "other"
 
 
+class OneSeries:
+    """An info-style gauge: one labelled series at a time, valued 1; setting another
+    removes the last (a scrape never shows two builds, or two schedulers in effect)."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self._labels: tuple[str, ...] | None = None
+
+    def set(self, *labels: str) -> None:
+        if self._labels is not None:
+            self.gauge.remove(*self._labels)
+        self._labels = labels
+        self.gauge.labels(*labels).set(1)
+
+
 class TenantFamily:
     """A labelled family whose first label is the tenant; ``labels(tenant, ...)`` maps a
     tenant outside the known set to ``other``."""
@@ -152,17 +167,15 @@ class SidecarMetrics:
         self.generation_tokens = TenantFamily(Counter(
             "jitserve_generation_tokens", "Tokens generated for the requests that ended.",
             ["tenant", "model_name"], registry=r), self)
-        self.build_info = Gauge("jitserve_build_info", "jitserve's version, the SLOPolicy it "
-                                "serves and its scheduler (always 1).",
-                                ["version", "policy", "scheduler"], registry=r)
-        self._build: tuple[str, str, str] | None = None
-        self.policy_in_effect = Gauge(
+        self.build_info = OneSeries(Gauge(
+            "jitserve_build_info", "jitserve's version, the SLOPolicy it serves and its "
+            "scheduler (always 1).", ["version", "policy", "scheduler"], registry=r))
+        self.policy_in_effect = OneSeries(Gauge(
             "jitserve_policy_in_effect", "The scheduler that runs now (1): the policy file's, "
-            "or with scheduler.policy auto the tuner's choice.", ["policy"], registry=r)
+            "or with scheduler.policy auto the tuner's choice.", ["policy"], registry=r))
         self.policy_in_effect_since = Gauge(
             "jitserve_policy_in_effect_since_seconds", "When the scheduler in effect started "
             "(Unix time).", registry=r)
-        self._in_effect: str | None = None
         self.policy_switches = Counter(
             "jitserve_policy_switches", "Changes of the scheduler in effect (policy file or "
             "tuner).", registry=r)
@@ -184,18 +197,12 @@ class SidecarMetrics:
         return child
 
     def built(self, policy: str, scheduler: str) -> None:
-        """Set ``jitserve_build_info`` (one series: a reload replaces it)."""
-        if self._build is not None:
-            self.build_info.remove(*self._build)
-        self._build = (__version__, policy, scheduler)
-        self.build_info.labels(*self._build).set(1)
+        """Set ``jitserve_build_info`` (a reload replaces its series)."""
+        self.build_info.set(__version__, policy, scheduler)
 
     def in_effect(self, policy: str, since_s: float) -> None:
-        """``policy`` runs since ``since_s`` (one series: a switch replaces it)."""
-        if self._in_effect is not None:
-            self.policy_in_effect.remove(self._in_effect)
-        self._in_effect = policy
-        self.policy_in_effect.labels(policy).set(1)
+        """``policy`` runs since ``since_s`` (a switch replaces its series)."""
+        self.policy_in_effect.set(policy)
         self.policy_in_effect_since.set(since_s)
 
     def tenant_label(self, tenant: str) -> str:

@@ -52,7 +52,7 @@ def with_auto(spec: SLOPolicySpec, **changes: object) -> SLOPolicySpec:
     the sidecar validates its policy file (ValueError naming the field)."""
     auto = AutoSettings.model_validate({**spec.scheduler.auto.model_dump(), **changes})
     check_candidates(auto)
-    return spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"auto": auto})})
+    return spec.with_scheduler(auto=auto)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Tuner:
     def decide(self, trials: tuple[Trial, ...], in_effect: str, now_s: float,
                cpu_s: float) -> Comparison:
         self._recent.append({t.policy: self.score(t) for t in trials})
-        evidence = {t.policy: sum(s.get(t.policy, 0.0) for s in self._recent) for t in trials}
+        evidence = {t.policy: sum(s[t.policy] for s in self._recent) for t in trials}
         best = max(evidence, key=lambda name: evidence[name])
         current = evidence.get(in_effect, -math.inf)
         choice = best if evidence[best] > (1 + self.settings.margin) * current else in_effect
