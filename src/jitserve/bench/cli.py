@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jitserve.bench.autoscale import add_autoscale_flags
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.fleet import add_fleet_flags, fleet_from_args, placement_ratios_markdown
 from jitserve.bench.live_cli import add_live_arguments, run_live_tools
@@ -159,6 +160,7 @@ def register(subparsers: Any) -> None:
         "(default 240 s at 0.6,1.0,1.5,2.0 with the upper bound)",
     )
     add_fleet_flags(parser)
+    add_autoscale_flags(parser)
     _add_auto_flags(parser)
     parser.add_argument("--config", help="SLOPolicy spec (YAML) for GMAX settings and SLO defaults")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -275,6 +277,10 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from err
     loads = _floats(args.load, "load")
     seeds = [int(s) for s in _floats(args.seeds, "seeds")]
+    if args.autoscale:
+        from jitserve.bench import autoscale
+
+        return autoscale.main(args, spec, workload, profile, seeds)
     fleet = fleet_from_args(args)
     print(
         f"measuring capacity of profile {profile.name} (budget {profile.chunk_token_budget}, "

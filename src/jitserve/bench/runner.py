@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -36,6 +36,7 @@ from jitserve.sim.workload import (
 )
 from jitserve.tuning.tuner import AUTO, AutoScheduler, Tuner
 
+C = TypeVar("C")
 UPPER_BOUND = "upper-bound"
 EXACT_NAMES = ("gmax-exact", "oracle")
 """GMAX with exact lengths: ``gmax-exact`` (``oracle`` before the rename)."""
@@ -263,15 +264,23 @@ def _bound_row(cell: Cell, profile: Profile, workload: WorkloadSpec) -> dict[str
 
 def run_cells(cells: list[Cell], jobs: int, desc: str = "simulating") -> list[dict[str, Any]]:
     """Rows in the order of ``cells``; ``jobs`` > 1 runs them in worker processes."""
+    return run_cells_with(run_one, cells, jobs, desc)
+
+
+def run_cells_with(
+    run: Callable[[C], dict[str, Any]], cells: list[C], jobs: int, desc: str = "simulating"
+) -> list[dict[str, Any]]:
+    """``run`` over ``cells`` (picklable, ``run`` module-level) with a progress bar, rows
+    in the order of ``cells``; ``jobs`` > 1 runs them in worker processes."""
     rows: list[dict[str, Any]] = []
     with tqdm(total=len(cells), desc=desc, unit="run") as bar:
         if jobs <= 1 or len(cells) == 1:
             for cell in cells:
-                rows.append(run_one(cell))
+                rows.append(run(cell))
                 bar.update()
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                for row in pool.map(run_one, cells):
+                for row in pool.map(run, cells):
                     rows.append(row)
                     bar.update()
     return rows

@@ -1,0 +1,223 @@
+"""``jitserve bench --autoscale``: pools sized by jitserve's planner, by llm-d's SLO-aware
+KEDA rule and statically, on traffic whose rate moves (:mod:`jitserve.sim.traffic`).
+
+Who owns what: :func:`add_autoscale_flags` / :func:`main` parse and run; :func:`size_static`
+finds a static deployment's size (the fewest replicas that hold the attainment target at
+a constant rate, on the validation windows, as an SRE sizes from past traffic);
+:func:`run_autoscale_cell` runs one (strategy, shape, seed) on
+:func:`jitserve.sim.autoscale.run_pool`; :mod:`jitserve.bench.autoscale_report` writes the
+table, the JSON and the plot. Every strategy runs the same engines (the policy's
+scheduler), the same placer (power-of-k) and drains the replicas it removes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from jitserve.bench.capacity import measure_capacity
+from jitserve.bench.matrix import VALIDATION_SEEDS
+from jitserve.bench.runner import run_cells_with
+from jitserve.bench.variants import make_setup
+from jitserve.errors import CLIError
+from jitserve.goodput import GoodputLedger
+from jitserve.placement.power_of_k import PowerOfK
+from jitserve.policy import SLOPolicySpec
+from jitserve.policy.autoscaling import AutoscalingSettings
+from jitserve.scaling.keda import KedaSLORule, KedaSLOSettings
+from jitserve.scaling.planner import SLOPlanner
+from jitserve.scaling.signals import Scaler, Static
+from jitserve.sim.autoscale import PoolRun, run_pool
+from jitserve.sim.engine import Engine
+from jitserve.sim.latency import Profile, load_profile
+from jitserve.sim.traffic import SHAPES, RateShape
+from jitserve.sim.workload import WorkloadSpec, generate
+from jitserve.slo import SLOKind
+
+STATIC_PEAK = "static-peak"
+STATIC_MEAN = "static-mean"
+KEDA = "keda-slo"
+PLANNER = "jitserve"
+STRATEGIES = (STATIC_PEAK, STATIC_MEAN, KEDA, PLANNER)
+SIZING_S = 600.0
+"""Seconds of constant-rate traffic a static size is checked on."""
+
+
+def add_autoscale_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--autoscale",
+        metavar="SHAPES",
+        help=f"compare pool sizing ({', '.join(STRATEGIES)}) on traffic of these shapes "
+        f"(comma-separated: {', '.join(SHAPES)}) over --duration seconds; docs/autoscaling.md",
+    )
+    parser.add_argument(
+        "--peak-replicas", type=float, default=6.0,
+        help="with --autoscale: the peak arrival rate, in replicas' capacity",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=60.0,
+        help="with --autoscale: seconds from a replica's creation to its first request",
+    )
+    parser.add_argument(
+        "--target-attainment", type=float, default=0.95,
+        help="with --autoscale: the attainment every kind must hold (the planner's target "
+        "and the static sizes' test)",
+    )
+
+
+@dataclass(frozen=True)
+class AutoscaleCell:
+    strategy: str
+    shape: str
+    """A :data:`~jitserve.sim.traffic.SHAPES` name; "" for a constant rate (sizing)."""
+    seed: int
+    workload: WorkloadSpec
+    rate_per_s: float
+    """The peak rate (shaped traffic) or the constant rate."""
+    capacity_per_s: float
+    profile: str
+    spec: SLOPolicySpec
+    settings: AutoscalingSettings
+    warmup_s: float
+    replicas: int = 1
+    """Static strategies' size, and every pool's starting size."""
+
+
+def _scaler(cell: AutoscaleCell) -> Scaler:
+    k = cell.settings
+    if cell.strategy == PLANNER:
+        return SLOPlanner(k, cell.capacity_per_s)
+    if cell.strategy == KEDA:
+        latency = cell.spec.slo_defaults.latency
+        return KedaSLORule(KedaSLOSettings(
+            latency.ttft_seconds, latency.tbt_seconds, k.min_replicas, k.max_replicas,
+        ))  # fmt: skip
+    return Static(cell.replicas, cell.strategy)
+
+
+def run_autoscale_cell(cell: AutoscaleCell) -> dict[str, Any]:
+    profile = load_profile(cell.profile)
+    duration = cell.workload.duration_s
+    shape = RateShape(cell.shape, duration) if cell.shape else None
+    mean_rate = cell.rate_per_s * (shape.mean if shape else 1.0)
+    workload = replace(cell.workload, rate_per_s=mean_rate, seed=cell.seed)
+    items = generate(workload)
+    if shape is not None:
+        items = shape.warp(items)
+
+    def new_engine(index: int, ledger: GoodputLedger) -> Engine:
+        setup = make_setup(cell.spec.scheduler.policy, cell.spec, seed=cell.seed * 1000 + index)
+        scheduler = cell.spec.scheduler
+        return Engine(profile, setup.policy, setup.estimator, setup.stage_share, ledger=ledger,
+                      refine_every=scheduler.refine_every, budget_rule=scheduler.budget_rule,
+                      batch_constructor=scheduler.batch_constructor)  # fmt: skip
+
+    gateway = make_setup(cell.spec.scheduler.policy, cell.spec, seed=cell.seed * 1000 - 1)
+    started = time.perf_counter()
+    run = run_pool(
+        items, new_engine, PowerOfK(cell.seed, None, cell.spec), gateway.estimator,
+        _scaler(cell), initial=cell.replicas, warmup_s=cell.warmup_s, end_s=duration,
+    )  # fmt: skip
+    return row_of(cell, run, time.perf_counter() - started)
+
+
+def row_of(cell: AutoscaleCell, run: PoolRun, wall_s: float) -> dict[str, Any]:
+    ledger = run.ledger
+    duration = run.end_s
+    by_kind = {k.value: t.attainment for k, t in ledger.by_kind.items()}
+    held = all(
+        ledger.by_kind[kind].attainment >= cell.settings.target(kind)
+        for kind in SLOKind if kind in ledger.by_kind and ledger.by_kind[kind].requests
+    )  # fmt: skip
+    return {
+        "strategy": cell.strategy, "shape": cell.shape, "seed": cell.seed,
+        "rate_per_s": cell.rate_per_s, "start_replicas": cell.replicas,
+        "replica_seconds": run.replica_seconds(),
+        "mean_replicas": run.replica_seconds() / duration,
+        "max_replicas": max((s.ready + s.warming for s in run.samples), default=cell.replicas),
+        "changes": run.changes, "requests": ledger.overall.requests,
+        "met": ledger.overall.met, "token_goodput": ledger.overall.goodput_tokens / duration,
+        "request_goodput": ledger.overall.met / duration,
+        "attainment": ledger.overall.attainment, "attainment_by_kind": by_kind,
+        "held_target": held, "refused": run.refused, "wall_s": wall_s,
+        "timeline": [[s.at_s, s.ready, s.warming, s.draining, round(s.arrivals_per_s, 3)]
+                     for s in run.samples],
+        "last_reason": run.samples[-1].reason if run.samples else "",
+    }  # fmt: skip
+
+
+def size_static(
+    base: AutoscaleCell, rate_per_s: float, jobs: int, max_replicas: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """The fewest replicas that hold every kind's target at ``rate_per_s`` on every
+    validation window (constant rate, :data:`SIZING_S` seconds); the rows it ran."""
+    workload = replace(base.workload, duration_s=SIZING_S)
+    n = max(1, math.ceil(rate_per_s / base.capacity_per_s))
+    tried: list[dict[str, Any]] = []
+    while n < max_replicas:
+        cells = [replace(base, strategy=f"static-{n}", shape="", seed=seed, workload=workload,
+                         rate_per_s=rate_per_s, replicas=n)
+                 for seed in VALIDATION_SEEDS]  # fmt: skip
+        rows = run_cells_with(run_autoscale_cell, cells, jobs, desc=f"sizing {n} replicas")
+        tried.extend(rows)
+        if all(r["held_target"] for r in rows):
+            break
+        n += 1
+    return n, tried
+
+
+def main(
+    args: argparse.Namespace, spec: SLOPolicySpec, workload: WorkloadSpec, profile: Profile,
+    seeds: list[int],
+) -> int:
+    from jitserve.bench import autoscale_report
+
+    shapes = [s.strip() for s in args.autoscale.split(",") if s.strip()]
+    for shape in shapes:
+        if shape not in SHAPES:
+            raise CLIError(f"--autoscale: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
+    if not args.peak_replicas > 0:
+        raise CLIError(f"--peak-replicas must be > 0, got {args.peak_replicas}")
+    if not args.warmup >= 0:
+        raise CLIError(f"--warmup must be >= 0, got {args.warmup}")
+    if not 0 < args.target_attainment <= 1:
+        raise CLIError(f"--target-attainment must be in (0, 1], got {args.target_attainment}")
+    print(f"measuring replica capacity on {workload.trace} (validation window)...", flush=True)
+    capacity = measure_capacity(profile, replace(workload, seed=VALIDATION_SEEDS[0]))
+    peak_rate = args.peak_replicas * capacity
+    max_replicas = 4 * math.ceil(args.peak_replicas) + 4
+    settings = AutoscalingSettings(
+        enabled=True, max_replicas=max_replicas, target_attainment=args.target_attainment,
+        warmup_seconds=args.warmup,
+    )  # fmt: skip
+    base = AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_rate, capacity,
+                         args.profile, spec, settings, args.warmup)  # fmt: skip
+    print(f"capacity: {capacity:.3f} work items/s per replica; peak {peak_rate:.2f}/s", flush=True)
+    peak_n, sizing = size_static(base, peak_rate, args.jobs, max_replicas)
+    print(f"static-peak: {peak_n} replicas", flush=True)
+    cells: list[AutoscaleCell] = []
+    for shape_name in shapes:
+        shape = RateShape(shape_name, workload.duration_s)
+        mean_n, rows = size_static(base, peak_rate * shape.mean, args.jobs, max_replicas)
+        sizing.extend(rows)
+        start = max(1, math.ceil(peak_rate * float(shape.relative_at(0.0)) / capacity))
+        print(f"{shape_name}: static-mean {mean_n} replicas, pools start at {start}", flush=True)
+        sizes = {STATIC_PEAK: peak_n, STATIC_MEAN: mean_n, KEDA: start, PLANNER: start}
+        cells += [replace(base, strategy=strategy, shape=shape_name, seed=seed,
+                          replicas=sizes[strategy])
+                  for strategy in STRATEGIES for seed in seeds]  # fmt: skip
+    rows = run_cells_with(run_autoscale_cell, cells, args.jobs, desc="autoscaling")
+    meta = {
+        "trace": workload.trace, "mix": list(workload.mix), "duration_s": workload.duration_s,
+        "profile": profile.name, "capacity_items_per_s": capacity,
+        "peak_replicas": args.peak_replicas, "peak_rate_per_s": peak_rate,
+        "warmup_s": args.warmup, "target_attainment": args.target_attainment,
+        "seeds": seeds, "shapes": shapes, "scheduler": spec.scheduler.policy,
+        "settings": settings.model_dump(mode="json", by_alias=True),
+    }  # fmt: skip
+    autoscale_report.write(Path(args.out), meta, rows, sizing)
+    return 0

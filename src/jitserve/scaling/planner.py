@@ -1,0 +1,165 @@
+"""jitserve's pool planner: replicas from the arrival rate forecast one warm-up ahead,
+at a utilization learned from the SLO attainment the pool measures.
+
+Each period (``periodSeconds``):
+
+- **Forecast**: a least-squares line through the arrival rates of the last
+  ``trendSeconds`` (one per period), read now (the level; the last minute's mean if
+  higher, as after a fall the line undershoots) and ``warmupSeconds`` + one
+  period ahead — a replica asked for now serves from then on — never below the level and
+  at most 25% above the window's highest rate. The line, not the last rates, so that
+  the pool is sized for the traffic's course and its queue absorbs the noise.
+- **Size**: ``ceil(forecast / (capacity x utilization) + queued / (capacity x 60 s))``
+  within [min, max]: ``capacity`` is one replica's profiled rate (work items/s a
+  replica sustains on this traffic: :func:`jitserve.bench.capacity.measure_capacity`,
+  or a calibrated pod's), the queue term drains a backlog in a minute.
+- **Learn**: over the last minute of outcomes, the worst kind's attainment against its
+  target (``targetAttainment``, ``targetByKind``). Below it while the ready replicas ran
+  at or under the utilization all that minute (the pool was as big as the planner meant
+  it to be), the utilization falls in proportion to the miss, by at most 20%, and the
+  minute's evidence is spent; a miss in a minute the pool was smaller than meant (a ramp
+  outran the warm-up, and its backlog) says nothing of the utilization. At or above target while the ready replicas ran near the
+  utilization, it rises a step. So the pool settles at the load the SLOs hold at on this
+  traffic, which a fixed latency threshold cannot know.
+- **Move**: up at once (replicas still warming count as there); down to the highest
+  recommendation of the last ``scaleDownStabilizationSeconds``, and only while none is
+  warming. The pool drains what it removes (no request is cut).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from jitserve.policy.autoscaling import AutoscalingSettings
+from jitserve.scaling.signals import Decision, PoolSignals
+from jitserve.slo import SLOKind
+
+HEADROOM_Z = 0.5
+"""The forecast is raised by this many standard deviations of the rates around the line:
+bursty traffic gets headroom, smooth traffic little."""
+RECENT_S = 60.0
+FEEDBACK_S = 60.0
+DRAIN_S = 60.0
+MIN_OUTCOMES = 20
+"""Fewer outcomes in the feedback window: too few to judge attainment by."""
+MIN_KIND_OUTCOMES = 5
+UTILIZATION_FLOOR = 0.2
+UTILIZATION_CEILING = 0.95
+UTILIZATION_STEP = 0.01
+MISS_GAIN = 2.0
+"""A miss of 0.05 below target cuts the utilization by 10%..."""
+MAX_CUT = 0.8
+"""... and no miss by more than 20% at once."""
+MAX_GROWTH = 1.25
+"""The forecast stays within 25% above the highest rate of the trend window: a ramp's
+slope is not projected a warm-up past the ramp's end."""
+
+
+def trend(points: deque[tuple[float, float]]) -> tuple[float, float, float, float]:
+    """Least-squares line through (t, y) points: (mean t, mean y, slope, the residuals'
+    standard deviation); the slope is 0 with fewer than 3 points or no time span."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    rise = 0.0
+    if n >= 3 and var > 0:
+        rise = sum((t - mean_t) * (y - mean_y) for t, y in points) / var
+    spread = sum((y - mean_y - rise * (t - mean_t)) ** 2 for t, y in points) / max(n - 1, 1)
+    return mean_t, mean_y, rise, math.sqrt(spread)
+
+
+class SLOPlanner:
+    name = "jitserve"
+
+    def __init__(self, settings: AutoscalingSettings, capacity_per_s: float) -> None:
+        if not capacity_per_s > 0:
+            raise ValueError(f"replica capacity must be > 0, got {capacity_per_s}")
+        self.settings = settings
+        self.capacity_per_s = capacity_per_s
+        self.period_s = settings.period_seconds
+        self.utilization = settings.utilization
+        self._rates: deque[tuple[float, float]] = deque()
+        self._outcomes: deque[tuple[float, dict[SLOKind, int], dict[SLOKind, int], bool]] = (
+            deque()
+        )
+        """(time, ended by kind, met by kind, the pool as big as planned) per period."""
+        self._recommendations: deque[tuple[float, int]] = deque()
+
+    def forecast(self, now: float) -> tuple[float, float]:
+        """(level, forecast) of the arrival rate, work items/s: the trend line's value now
+        (or the last minute's mean, if higher: after a fall the line undershoots) and one
+        warm-up and period ahead (never below the level, at most 25% above the window's
+        highest rate)."""
+        mean_t, mean_y, rise, spread = trend(self._rates)
+        recent = [r for t, r in self._rates if t > now - RECENT_S]
+        level = max(mean_y + rise * (now - mean_t), sum(recent) / len(recent))
+        ahead = mean_y + rise * (now + self.settings.warmup_seconds + self.period_s - mean_t)
+        ceiling = MAX_GROWTH * max(r for _, r in self._rates)
+        return level, max(level, min(ahead, ceiling)) + HEADROOM_Z * spread
+
+    def decide(self, signals: PoolSignals) -> Decision:
+        k = self.settings
+        now = signals.at_s
+        rate = signals.arrived / signals.period_s if signals.period_s > 0 else 0.0
+        self._rates.append((now, rate))
+        while self._rates[0][0] <= now - k.trend_seconds:
+            self._rates.popleft()
+        level, forecast = self.forecast(now)
+        worst = self._learn(signals, level)
+        need = forecast / (self.capacity_per_s * self.utilization) + signals.queued / (
+            self.capacity_per_s * DRAIN_S
+        )
+        raw = min(max(math.ceil(need - 1e-9), k.min_replicas), k.max_replicas)
+        self._recommendations.append((now, raw))
+        while self._recommendations[0][0] <= now - k.scale_down_stabilization_seconds:
+            self._recommendations.popleft()
+        current = signals.provisioned
+        desired = current
+        if raw > current:
+            desired = raw
+        elif signals.warming == 0 and current > k.min_replicas:
+            desired = min(current, max(r for _, r in self._recommendations))
+        if current < k.min_replicas:
+            desired = max(desired, k.min_replicas)
+        attained = "-" if worst is None else f"{worst:+.3f}"
+        return Decision(
+            desired,
+            f"forecast {forecast:.2f}/s (level {level:.2f}/s) at utilization "
+            f"{self.utilization:.2f} of {self.capacity_per_s:.2f}/s per replica, "
+            f"{signals.queued} queued; worst kind vs target {attained}",
+        )
+
+    def _learn(self, signals: PoolSignals, level: float) -> float | None:
+        """Adjust the utilization from the last minute's attainment; the worst kind's
+        margin over its target (None: too few outcomes to judge)."""
+        now = signals.at_s
+        load = level / (max(signals.ready, 1) * self.capacity_per_s)
+        planned = load <= self.utilization
+        self._outcomes.append((now, dict(signals.finished), dict(signals.met), planned))
+        while self._outcomes[0][0] <= now - FEEDBACK_S:
+            self._outcomes.popleft()
+        finished: dict[SLOKind, int] = {}
+        met: dict[SLOKind, int] = {}
+        for _, f, m, _ in self._outcomes:
+            for kind, count in f.items():
+                finished[kind] = finished.get(kind, 0) + count
+                met[kind] = met.get(kind, 0) + m.get(kind, 0)
+        if sum(finished.values()) < MIN_OUTCOMES:
+            return None
+        margins = [
+            met[kind] / count - self.settings.target(kind)
+            for kind, count in finished.items()
+            if count >= MIN_KIND_OUTCOMES
+        ]
+        if not margins:
+            return None
+        worst = min(margins)
+        if worst < 0 and all(p for *_, p in self._outcomes):
+            cut = max(MAX_CUT, 1 + MISS_GAIN * worst)
+            self.utilization = max(UTILIZATION_FLOOR, self.utilization * cut)
+            self._outcomes.clear()
+        elif worst >= 0 and load >= 0.9 * self.utilization:
+            self.utilization = min(UTILIZATION_CEILING, self.utilization + UTILIZATION_STEP)
+        return worst

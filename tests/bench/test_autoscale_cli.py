@@ -1,0 +1,69 @@
+"""``jitserve bench --autoscale``: clear errors (exit 2) for bad flags, and one small
+pool run per strategy into the table, JSON and plot."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from jitserve.bench import autoscale_report
+from jitserve.bench.autoscale import (
+    KEDA,
+    PLANNER,
+    STATIC_PEAK,
+    AutoscaleCell,
+    run_autoscale_cell,
+)
+from jitserve.cli import main
+from jitserve.policy import SLOPolicySpec
+from jitserve.policy.autoscaling import AutoscalingSettings
+from jitserve.sim.workload import WorkloadSpec
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--autoscale", "weekly"], "unknown shape 'weekly'"),
+        (["--autoscale", "day", "--peak-replicas", "0"], "--peak-replicas must be > 0"),
+        (["--autoscale", "day", "--warmup", "-1"], "--warmup must be >= 0"),
+        (["--autoscale", "day", "--target-attainment", "1.5"], "--target-attainment must be"),
+    ],
+)
+def test_bad_autoscale_flags_exit_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code = main(["bench", "--duration", "10", "--jobs", "1", "--out", str(tmp_path), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_one_small_day_per_strategy_into_the_report(tmp_path: Path) -> None:
+    settings = AutoscalingSettings(enabled=True, max_replicas=8, warmup_seconds=20.0,
+                                   period_seconds=10.0)
+    base = AutoscaleCell(
+        PLANNER, "day", 1, WorkloadSpec(trace="azure-conv", duration_s=240.0), 12.0, 2.9,
+        "a100-llama3-8b", SLOPolicySpec(), settings, 20.0, replicas=2,
+    )
+    rows = [run_autoscale_cell(replace(base, strategy=s, replicas=5 if s == STATIC_PEAK else 2))
+            for s in (STATIC_PEAK, KEDA, PLANNER)]
+    by = {r["strategy"]: r for r in rows}
+    assert by[STATIC_PEAK]["replica_seconds"] == pytest.approx(5 * 240.0)
+    assert by[STATIC_PEAK]["changes"] == 0
+    assert by[PLANNER]["max_replicas"] > 2  # the day's peak made it add replicas
+    for row in rows:
+        assert row["requests"] > 100 and 0 <= row["attainment"] <= 1
+        assert row["timeline"] and row["timeline"][0][0] > 0
+    meta = {"trace": "azure-conv", "duration_s": 240.0, "peak_replicas": 4.0,
+            "peak_rate_per_s": 12.0, "warmup_s": 20.0, "target_attainment": 0.95,
+            "seeds": [1]}
+    autoscale_report.write(tmp_path, meta, rows, [])
+    table = (tmp_path / "autoscale.md").read_text()
+    assert "| day | jitserve |" in table and "replica-s / KEDA" in table
+    saved = json.loads((tmp_path / "autoscale.json").read_text())
+    verdict = saved["verdicts"][0]
+    assert verdict["replica_seconds_vs_peak"] == pytest.approx(
+        by[PLANNER]["replica_seconds"] / by[STATIC_PEAK]["replica_seconds"])
+    assert (tmp_path / "autoscale.png").stat().st_size > 10_000
