@@ -23,9 +23,10 @@ def no_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def planner(**fields: object) -> SLOPlanner:
     settings = AutoscalingSettings.model_validate(
-        {"enabled": True, "maxReplicas": 50, "utilization": 0.5, **fields}
+        {"enabled": True, "maxReplicas": 50, "utilization": 0.5, "replicaCapacity": 2.0,
+         **fields}
     )
-    return SLOPlanner(settings, capacity_per_s=2.0)
+    return SLOPlanner(settings)
 
 
 def period(at: float, rate: float, ready: int, warming: int = 0, finished: int = 0,
@@ -137,6 +138,10 @@ def test_bounds_and_a_queue_backlog() -> None:
     assert q.decide(period(2 * PERIOD, rate=2.0, ready=2, queued=240)).desired == quiet + 2
 
 
-def test_settings_refuse_min_above_max() -> None:
+def test_settings_refuse_min_above_max_and_a_planner_without_capacity() -> None:
     with pytest.raises(ValueError, match="minReplicas"):
         AutoscalingSettings.model_validate({"minReplicas": 5, "maxReplicas": 2})
+    with pytest.raises(ValueError, match="replicaCapacity: required"):
+        AutoscalingSettings.model_validate({"enabled": True})
+    with pytest.raises(ValueError, match=r"needs autoscaling\.replicaCapacity"):
+        SLOPlanner(AutoscalingSettings())

@@ -99,6 +99,8 @@ def test_backend_dying_mid_stream(tmp_path: Path) -> None:
         assert metric(text, "jitserve_requests_total", outcome="met") == 2
         assert metric(text, "jitserve_backend_up") == 1
         assert metric(text, "jitserve_rejections_total", reason="backend_down") >= 1
+        # the autoscaler's demand: every valid request, the refused one included
+        assert metric(text, "jitserve_arrivals_total") == 4
         assert json.loads(json.dumps(s.state()))["waiting"] == 0
     finally:
         s.close()

@@ -83,7 +83,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The operator's permissions: least privilege, the same rules for a ClusterRole or a Role.
 Children are written with server-side apply (PATCH; creating one by apply also needs create). */}}
 {{- define "jitserve.rules" -}}
-# SLOPolicy objects: watch them; patch = kopf's bookkeeping annotations.
+# SLOPolicy objects: watch them; patch = kopf's bookkeeping annotations, and spec.replicas
+# when spec.autoscaling is enabled (the scale an HPA would write).
 - apiGroups: ["jitserve.io"]
   resources: ["slopolicies"]
   verbs: ["get", "list", "watch", "patch"]

@@ -90,7 +90,7 @@ class AutoscaleCell:
 def _scaler(cell: AutoscaleCell) -> Scaler:
     k = cell.settings
     if cell.strategy == PLANNER:
-        return SLOPlanner(k, cell.capacity_per_s)
+        return SLOPlanner(k)
     if cell.strategy == KEDA:
         latency = cell.spec.slo_defaults.latency
         return KedaSLORule(KedaSLOSettings(
@@ -192,7 +192,7 @@ def main(
     max_replicas = 4 * math.ceil(args.peak_replicas) + 4
     settings = AutoscalingSettings(
         enabled=True, max_replicas=max_replicas, target_attainment=args.target_attainment,
-        warmup_seconds=args.warmup,
+        warmup_seconds=args.warmup, replica_capacity=capacity,
     )  # fmt: skip
     base = AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_rate, capacity,
                          args.profile, spec, settings, args.warmup)  # fmt: skip

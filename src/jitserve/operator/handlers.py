@@ -12,6 +12,7 @@ import kopf
 
 from jitserve.operator import constants as c
 from jitserve.operator.admission import WEBHOOK_ID, admission_problems
+from jitserve.operator.autoscaler import Autoscaler
 from jitserve.operator.builders import OperatorSettings
 from jitserve.operator.kube import Kube, KubeError
 from jitserve.operator.metrics import OperatorMetrics
@@ -51,10 +52,12 @@ class Controller:
         settings: OperatorSettings,
         scraper: Scraper | None = None,
         metrics: OperatorMetrics | None = None,
+        autoscaler: Autoscaler | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.scraper = scraper or Scraper(timeout_s=settings.scrape_timeout_seconds)
+        self.autoscaler = autoscaler or Autoscaler()
         self.metrics = metrics or OperatorMetrics()
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -71,7 +74,8 @@ class Controller:
                 return None
             start = time.monotonic()
             try:
-                out = reconcile(self.kube, body, self.settings, self.scraper if scrape else None)
+                out = reconcile(self.kube, body, self.settings, self.scraper if scrape else None,
+                                autoscaler=self.autoscaler)
             except Exception:
                 self.metrics.reconciles.labels("error").inc()
                 raise
@@ -107,6 +111,7 @@ class Controller:
 
     def forget(self, namespace: str, name: str) -> None:
         self.scraper.forget(f"{namespace}/{name}")
+        self.autoscaler.forget(f"{namespace}/{name}")
 
     # --- periodic resync (drift check + metrics scrape) ------------------------------------
     # A plain thread over the policies seen in watch events, not kopf timers: kopf puts a

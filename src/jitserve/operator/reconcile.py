@@ -29,6 +29,7 @@ from jitserve.operator import events
 from jitserve.operator import gateway_builders as gb
 from jitserve.operator import sidecar_metrics as sm
 from jitserve.operator import status as st
+from jitserve.operator.autoscaler import Autoscaler, autoscale
 from jitserve.operator.fairness_status import fairness_status
 from jitserve.operator.kube import JSON, Kube, KubeError
 from jitserve.operator.routing import policy_url
@@ -277,6 +278,7 @@ class Scrape:
     tenants: sm.Outcomes = field(default_factory=dict)
     """(tenant, "demand" | "goodput") -> tokens over the same window as ``recent``."""
     failed: int = 0
+    by_target: dict[str, sm.SidecarSample] = field(default_factory=dict)
 
 
 @dataclass
@@ -314,7 +316,8 @@ class Scraper:
         history.add(t, outcomes, window_s)
         by_tenant = self._tenants.setdefault(key, sm.OutcomeHistory())
         by_tenant.add(t, tenants, window_s)
-        return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed)
+        by_target = dict(zip(totals, samples, strict=True))
+        return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed, by_target)
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)
@@ -328,8 +331,10 @@ def reconcile(
     settings: b.OperatorSettings,
     scraper: Scraper | None = None,
     now: str | None = None,
+    autoscaler: Autoscaler | None = None,
 ) -> Outcome:
-    """Children, then status (written only when it changed). ``scraper``: also read metrics."""
+    """Children, then status (written only when it changed). ``scraper``: also read
+    metrics; ``autoscaler``: with a scrape, also size the pool (``spec.autoscaling``)."""
     out = reconcile_children(kube, body, settings)
     ref = _policy_ref(body)
     try:
@@ -344,6 +349,15 @@ def reconcile(
         window = spec.reporting.attainment_window_seconds
         scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", urls, window)
         out.scrape = scrape
+    scaled: JSON | None = None
+    if autoscaler is not None and scrape is not None and valid is not None:
+        try:
+            scaled, write = autoscale(kube, body, valid.autoscaling, valid.replicas, autoscaler,
+                                      out.pods or [], scrape.by_target, now or now_iso())
+        except KubeError as err:
+            out.errors.append(err.message)
+        else:
+            out.writes += [write] if write else []
     old = body.get("status") or {}
     new = st.build_status(
         old_status=old,
@@ -363,6 +377,7 @@ def reconcile(
         gateway=out.gateway,
         gateway_wanted=out.gateway_wanted,
         url=policy_url(ref, valid) if valid is not None else old.get("url"),
+        autoscaling=scaled,
     )
     out.status = new
     patch = st.status_patch(old, new)

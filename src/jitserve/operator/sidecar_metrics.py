@@ -12,7 +12,9 @@ The sidecar metrics contract (:mod:`jitserve.sidecar.metrics` writes it):
   since when;
 - ``jitserve_tenant_demand_tokens_total{tenant}``: the goodput the tenant's admitted
   requests would earn by meeting their SLOs (with goodput by tenant: ``status.fairness``,
-  :mod:`~jitserve.operator.fairness_status`).
+  :mod:`~jitserve.operator.fairness_status`);
+- ``jitserve_arrivals_total{kind}`` and ``jitserve_queue_depth``: the demand and the
+  queue the autoscaler sizes for (:mod:`~jitserve.operator.autoscaler`).
 
 Counters grow from a pod's start: rates and recent windows come from two scrapes
 (:func:`goodput_rate`, :class:`OutcomeHistory`).
@@ -41,6 +43,9 @@ class SidecarSample:
     policy_in_effect: str | None = None
     policy_since_s: float | None = None
     """Unix time the scheduler in effect started."""
+    arrivals: dict[str, float] = field(default_factory=dict)
+    """Valid requests received, by kind (the autoscaler's demand)."""
+    queue_depth: float = 0.0
 
 
 def parse_metrics(text: str) -> SidecarSample:
@@ -64,6 +69,11 @@ def parse_metrics(text: str) -> SidecarSample:
                 sample.policy_in_effect = s.labels.get("policy")
             elif s.name == "jitserve_policy_in_effect_since_seconds":
                 sample.policy_since_s = float(s.value)
+            elif s.name == "jitserve_arrivals_total":
+                kind = s.labels.get("kind", "")
+                sample.arrivals[kind] = sample.arrivals.get(kind, 0.0) + float(s.value)
+            elif s.name == "jitserve_queue_depth":
+                sample.queue_depth = float(s.value)
     return sample
 
 

@@ -22,6 +22,7 @@ from jitserve.operator.replica_status import gateway_status, replica_status
 from jitserve.operator.sidecar_metrics import Outcomes, SidecarSample
 from jitserve.policy import (
     Attainment,
+    AutoscalingStatus,
     Condition,
     ConditionType,
     FairnessStatus,
@@ -223,6 +224,7 @@ def build_status(
     gateway: JSON | None = None,
     gateway_wanted: bool = False,
     url: str | None = None,
+    autoscaling: JSON | None = None,
 ) -> JSON:
     """The full ``status`` (wire names). ``samples=None``: no scrape this time, keep metrics.
 
@@ -230,7 +232,8 @@ def build_status(
     (:meth:`OutcomeHistory.recent`); ``fairness``: the tenants' shares over the same
     window. ``pods``: the serving pods (None: not listed this
     time, keep ``replicaStatus``); ``gateway``: the gateway's live Deployment, when
-    ``gateway_wanted`` (more than one pod)."""
+    ``gateway_wanted`` (more than one pod); ``autoscaling``: the planner's decision
+    (None: none this time, keep the last; empty: autoscaling is off)."""
     rollout = rollout_state(deployment)
     fleet_gateway = gateway_status(gateway) if gateway_wanted else None
     conds = merge_conditions(
@@ -253,6 +256,11 @@ def build_status(
     status: JSON = model.model_dump(mode="json", by_alias=True, exclude_none=True)
     if pods is None and "replicaStatus" in old_status:
         status["replicaStatus"] = old_status["replicaStatus"]
+    if autoscaling:
+        status["autoscaling"] = AutoscalingStatus.model_validate(autoscaling).model_dump(
+            mode="json", by_alias=True, exclude_none=True)
+    elif autoscaling is None and "autoscaling" in old_status:
+        status["autoscaling"] = old_status["autoscaling"]
     metric_keys = (
         "effectiveCutoff",
         "policyInEffect",

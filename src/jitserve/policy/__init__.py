@@ -18,6 +18,7 @@ Importers outside the package name only :mod:`jitserve.policy`.
 
 from __future__ import annotations
 
+from jitserve.policy.autoscaling import AutoscalingSettings
 from jitserve.policy.batch import (
     GPU_MAX_NUM_SEQS,
     MAX_NUM_SEQS,
@@ -65,6 +66,7 @@ from jitserve.policy.spec import (
 from jitserve.policy.status import (
     MAX_REPLICA_STATUS,
     Attainment,
+    AutoscalingStatus,
     Condition,
     ConditionType,
     FairnessStatus,
@@ -84,6 +86,8 @@ __all__ = [
     "ArgsError",
     "Attainment",
     "AutoSettings",
+    "AutoscalingSettings",
+    "AutoscalingStatus",
     "BatchShape",
     "BeyondContract",
     "BudgetRule",

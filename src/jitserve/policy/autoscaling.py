@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from jitserve.policy.base import Fraction
+from jitserve.policy.base import Fraction, cel
 from jitserve.policy.base import SpecModel as _Model
 from jitserve.slo import SLOKind
 
@@ -16,6 +16,14 @@ class AutoscalingSettings(_Model):
     the replica capacity it was profiled at, and a utilization it learns from measured
     SLO attainment; it adds replicas at once and removes them one period at a time,
     draining each (no request cut)."""
+
+    model_config = cel(
+        ("self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas: above maxReplicas"),
+        (
+            "!self.enabled || has(self.replicaCapacity)",
+            "autoscaling.replicaCapacity: required when autoscaling is enabled",
+        ),
+    )
 
     enabled: bool = Field(default=False, description="The operator sizes the serving pool.")
     min_replicas: int = Field(default=1, ge=0, le=10000, description="Fewest replicas.")
@@ -47,6 +55,12 @@ class AutoscalingSettings(_Model):
         description="A removal needs every recommendation of these last seconds to agree "
         "(the highest one wins, as a HorizontalPodAutoscaler's scale-down window).",
     )
+    replica_capacity: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="Requests per second one replica sustains saturated on this traffic "
+        "(`jitserve bench` prints it for a profile: 'capacity: ... work items/s'); the "
+        "planner sizes the pool from it at the learned utilization.",
+    )
     utilization: float = Field(
         default=0.7, gt=0, le=1,
         description="Starting share of a replica's profiled capacity the planner fills; it "
@@ -59,6 +73,8 @@ class AutoscalingSettings(_Model):
             raise ValueError(
                 f"minReplicas ({self.min_replicas}) is above maxReplicas ({self.max_replicas})"
             )
+        if self.enabled and self.replica_capacity is None:
+            raise ValueError("replicaCapacity: required when autoscaling is enabled")
         return self
 
     def target(self, kind: SLOKind) -> float:

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
+from jitserve.policy.autoscaling import AutoscalingSettings
 from jitserve.policy.base import DNSLabel, Seconds, cel
 from jitserve.policy.base import SpecModel as _Model
 from jitserve.policy.contract import BeyondContract, ClaimBounds
@@ -221,7 +222,15 @@ class SLOPolicySpec(_Model):
     pod: PodSettings = Field(
         default=PodSettings(), description="Scheduling, pull Secrets, volumes of the pods."
     )
-    replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods (scale subresource).")
+    replicas: int = Field(
+        default=1, ge=0, le=1000,
+        description="Serving pods (scale subresource; with autoscaling.enabled the operator "
+        "sets it).",
+    )
+    autoscaling: AutoscalingSettings = Field(
+        default=AutoscalingSettings(),
+        description="The operator sizes the serving pods from SLO attainment (off by default).",
+    )
     ingress: IngressSpec | None = Field(
         default=None, description="An Ingress to the Service; absent = none."
     )

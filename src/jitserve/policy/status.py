@@ -107,6 +107,23 @@ class FairnessStatus(_Model):
         description="Each tenant that asked or earned in the window, by name.")
 
 
+class AutoscalingStatus(_Model):
+    """What the operator's planner decided last (``spec.autoscaling.enabled``)."""
+
+    desired_replicas: int = Field(ge=0, description="The planner's count (spec.replicas follows).")
+    utilization: float = Field(
+        ge=0, le=1, description="Share of replicaCapacity the planner fills now (learned)."
+    )
+    reason: str = Field(max_length=1024, description="The forecast and attainment behind it.")
+    last_decision_time: str = Field(
+        json_schema_extra={"format": "date-time"}, description="When it decided (RFC 3339)."
+    )
+    last_scale_time: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"},
+        description="When it last changed spec.replicas (RFC 3339).",
+    )
+
+
 class SLOPolicyStatus(_Model):
     """``status`` of the ``SLOPolicy`` custom resource, written by the operator."""
 
@@ -153,6 +170,10 @@ class SLOPolicyStatus(_Model):
         default=None,
         json_schema_extra={"format": "date-time"},
         description="When the scheduler in effect last changed on a pod (RFC 3339).",
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None,
+        description="The planner's last decision (absent with spec.autoscaling.enabled off).",
     )
     fairness: FairnessStatus | None = Field(
         default=None,

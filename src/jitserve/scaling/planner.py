@@ -10,9 +10,10 @@ Each period (``periodSeconds``):
   at most 25% above the window's highest rate. The line, not the last rates, so that
   the pool is sized for the traffic's course and its queue absorbs the noise.
 - **Size**: ``ceil(forecast / (capacity x utilization) + queued / (capacity x 60 s))``
-  within [min, max]: ``capacity`` is one replica's profiled rate (work items/s a
-  replica sustains on this traffic: :func:`jitserve.bench.capacity.measure_capacity`,
-  or a calibrated pod's), the queue term drains a backlog in a minute.
+  within [min, max]: ``capacity`` is ``replicaCapacity``, one replica's profiled rate
+  (work items/s a replica sustains saturated on this traffic, as
+  :func:`jitserve.bench.capacity.measure_capacity` measures it); the queue term drains a
+  backlog in a minute.
 - **Learn**: over the last minute of outcomes, the worst kind's attainment against its
   target (``targetAttainment``, ``targetByKind``). Below it while the ready replicas ran
   at or under the utilization all that minute (the pool was as big as the planner meant
@@ -74,11 +75,11 @@ def trend(points: deque[tuple[float, float]]) -> tuple[float, float, float, floa
 class SLOPlanner:
     name = "jitserve"
 
-    def __init__(self, settings: AutoscalingSettings, capacity_per_s: float) -> None:
-        if not capacity_per_s > 0:
-            raise ValueError(f"replica capacity must be > 0, got {capacity_per_s}")
+    def __init__(self, settings: AutoscalingSettings) -> None:
+        if settings.replica_capacity is None:
+            raise ValueError("the planner needs autoscaling.replicaCapacity")
         self.settings = settings
-        self.capacity_per_s = capacity_per_s
+        self.capacity_per_s = settings.replica_capacity
         self.period_s = settings.period_seconds
         self.utilization = settings.utilization
         self._rates: deque[tuple[float, float]] = deque()

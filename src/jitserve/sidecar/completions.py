@@ -86,6 +86,7 @@ class CompletionRoutes:
                                forward_chat=self.settings.reasoning_parser is not None)
         d = self.dispatcher
         parsed = self._held_to_contract(parsed, tenant, spec)
+        d.report.metrics.arrivals.labels(parsed.slo.kind.value).inc()
         d.admission.check_open()
         d.admission.check_program_room(parsed.program, tenant)
         model = served_model(parsed, d.models)

@@ -120,6 +120,9 @@ class SidecarMetrics:
                              buckets=_TBT_BUCKETS, registry=r)
         self.e2el = Histogram("jitserve_e2el_seconds", "End-to-end latency of finished requests.",
                               ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.arrivals = Counter(
+            "jitserve_arrivals", "Valid requests received, by SLO kind, before admission (the "
+            "demand the autoscaler sizes for; refused ones included).", ["kind"], registry=r)
         self.queue_depth = Gauge("jitserve_queue_depth", "Requests waiting in the sidecar queue.",
                                  registry=r)
         self.queue_time = Histogram(
