@@ -164,3 +164,27 @@ def test_with_autoscaling_off_spec_replicas_is_the_users() -> None:
         assert not any(w.startswith("scale") for w in out.writes)
     assert body(kube)["spec"]["replicas"] == 2
     assert "autoscaling" not in body(kube).get("status", {})
+
+
+def test_with_the_keda_actuator_the_count_is_exported_not_written() -> None:
+    from jitserve.operator.metrics import OperatorMetrics
+
+    kube = FakeKube()
+    policy(kube, {"enabled": True, "actuator": "keda", "replicaCapacity": 2.0,
+                  "utilization": 0.5, "maxReplicas": 20})
+    kube.add(pod("chat-1", True))
+    clock = Clock()
+    counts = iter([0, 150])
+    scraper = Scraper(fetch=lambda u, t: metrics(next(counts), 0), clock=clock)
+    scaler = Autoscaler(clock)
+    reconcile(kube, body(kube), SETTINGS, scraper, autoscaler=scaler)
+    clock.now = 15.0
+    out = reconcile(kube, body(kube), SETTINGS, scraper, autoscaler=scaler)
+    assert body(kube)["spec"]["replicas"] == 2  # KEDA's to write
+    assert not any(w.startswith("scale") for w in out.writes)
+    assert body(kube)["status"]["autoscaling"]["desiredReplicas"] == 10
+    gauges = OperatorMetrics()
+    gauges.observe_status(NS, "chat", out.status)
+    assert gauges.desired_replicas.labels(NS, "chat")._value.get() == 10
+    gauges.observe_status(NS, "chat", {})
+    assert not gauges.desired_replicas._metrics

@@ -104,6 +104,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "inference-pool": {"inferencePool": {"enabled": True, "policy": "chat", "namespace": "team-a",
                                          "failureMode": "FailOpen"}},
     "monitoring": MONITORING_ON,
+    "keda": {"keda": {"enabled": True, "serverAddress": "http://prometheus.monitoring:9090",
+                      "policies": [{"name": "chat", "namespace": "team-a", "minReplicas": 1,
+                                    "maxReplicas": 8}]}},
 }
 # Kinds the test cluster cannot validate: the prometheus-operator's CRDs are not installed.
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
@@ -169,6 +172,32 @@ def test_the_inference_pool_is_off_by_default_and_needs_its_policy() -> None:
     (selector,) = admitted["spec"]["ingress"][1]["from"]
     for rule in selector["podSelector"]["matchExpressions"]:
         assert labels[rule["key"]] in rule["values"]
+
+
+def test_keda_scaled_objects_apply_the_planners_count_to_each_listed_policy() -> None:
+    assert not [d for d in render.render_documents() if d["kind"] == "ScaledObject"]
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmError, match=r"keda\.serverAddress"):
+        chart.render({"keda": {"enabled": True, "policies": []}})
+    with pytest.raises(helm.HelmError):
+        chart.validate_schema({"keda": {"enabled": True, "serverAddress": "prometheus:9090",
+                                        "pollingInterval": 15, "policies": []}})
+    (scaled,) = _by_kind(render.render_documents(VARIANTS["keda"]))["ScaledObject"]
+    assert scaled["metadata"] == {**scaled["metadata"], "name": "chat", "namespace": "team-a"}
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": c.API_VERSION, "kind": c.KIND,
+                                      "name": "chat"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 8)
+    (trigger,) = spec["triggers"]
+    # the operator's gauge, passed through: AverageValue with target 1 = the count itself
+    assert trigger["metricType"] == "AverageValue" and trigger["metadata"]["threshold"] == "1"
+    query = trigger["metadata"]["query"]
+    assert query == ('max(jitserve_operator_autoscaler_desired_replicas'
+                     '{namespace="team-a",policy="chat"})')
+    from jitserve.operator.metrics import OperatorMetrics
+
+    assert "jitserve_operator_autoscaler_desired_replicas" in [
+        m.name for m in OperatorMetrics().registry.collect()]
 
 
 def test_webhook_url_without_its_ca_fails_to_render() -> None:
@@ -338,6 +367,9 @@ def test_rendered_objects_pass_server_side_validation(
             continue  # created for real by the fixtures
         if doc["kind"] in MONITORING_KINDS:
             assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["spec"]
+            continue
+        if doc["kind"] == "ScaledObject":  # KEDA's CRD is the cluster's, not installed here
+            assert doc["apiVersion"] == "keda.sh/v1alpha1" and doc["spec"]
             continue
         try:
             _dry_run(admin, doc)

@@ -23,7 +23,7 @@ from jitserve.operator import constants as c
 from jitserve.operator import events
 from jitserve.operator.kube import JSON, Kube
 from jitserve.operator.sidecar_metrics import SidecarSample
-from jitserve.policy.autoscaling import AutoscalingSettings
+from jitserve.policy.autoscaling import Actuator, AutoscalingSettings
 from jitserve.scaling.planner import SLOPlanner
 from jitserve.scaling.signals import Decision, PoolSignals
 from jitserve.slo import SLOKind
@@ -147,7 +147,8 @@ def autoscale(
     now: str,
 ) -> tuple[JSON | None, str | None]:
     """Run the policy's planner on this scrape; write a new count to ``spec.replicas``
-    (with an Event). Returns the ``status.autoscaling`` to show (None: keep the last;
+    (with an Event) unless KEDA applies it (``actuator: keda``: the status and the
+    operator's gauge carry it). Returns the ``status.autoscaling`` to show (None: keep the last;
     ``{}``: autoscaling is off) and the write made, if any."""
     meta = body["metadata"]
     key = f"{meta['namespace']}/{meta['name']}"
@@ -166,7 +167,7 @@ def autoscale(
     }
     if "lastScaleTime" in old:
         status["lastScaleTime"] = old["lastScaleTime"]
-    if decision.desired == replicas:
+    if decision.desired == replicas or settings.actuator is Actuator.KEDA:
         return status, None
     kube.merge_patch(c.API_VERSION, c.KIND, meta["namespace"], meta["name"],
                      {"spec": {"replicas": decision.desired}})

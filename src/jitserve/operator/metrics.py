@@ -8,8 +8,10 @@
 - ``jitserve_operator_admission_reviews_total{operation,result}``: webhook answers,
   result allowed | denied;
 - per policy: ``jitserve_operator_policy_ready``, ``jitserve_operator_policy_degraded``
-  (0/1) and ``jitserve_operator_policy_attainment{window}`` (recent | lifetime), the
-  figures of the policy's status, labelled ``namespace`` and ``policy``.
+  (0/1), ``jitserve_operator_policy_attainment{window}`` (recent | lifetime) and
+  ``jitserve_operator_autoscaler_desired_replicas`` (the planner's count, with
+  ``spec.autoscaling``), the figures of the policy's status, labelled ``namespace`` and
+  ``policy``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ class OperatorMetrics:
             [*per_policy, "window"],
             registry=r,
         )
+        self.desired_replicas = Gauge(
+            "jitserve_operator_autoscaler_desired_replicas",
+            "The planner's replica count for the policy (spec.autoscaling; what a KEDA "
+            "ScaledObject applies with actuator: keda).",
+            per_policy,
+            registry=r,
+        )
 
     def observe_status(self, namespace: str, policy: str, status: dict[str, Any]) -> None:
         """Mirror a policy's status into the per-policy gauges."""
@@ -79,6 +88,11 @@ class OperatorMetrics:
                 self._remove(self.attainment, namespace, policy, window)
             else:
                 self.attainment.labels(namespace, policy, window).set(float(value))
+        desired = (status.get("autoscaling") or {}).get("desiredReplicas")
+        if desired is None:
+            self._remove(self.desired_replicas, namespace, policy)
+        else:
+            self.desired_replicas.labels(namespace, policy).set(float(desired))
 
     def forget(self, namespace: str, policy: str) -> None:
         """Drop a deleted policy's series."""
@@ -86,6 +100,7 @@ class OperatorMetrics:
         self._remove(self.degraded, namespace, policy)
         for window in ("recent", "lifetime"):
             self._remove(self.attainment, namespace, policy, window)
+        self._remove(self.desired_replicas, namespace, policy)
 
     @staticmethod
     def _remove(gauge: Gauge, *labels: str) -> None:

@@ -4,11 +4,18 @@ attainment, and how fast it moves (docs/autoscaling.md)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import Field, model_validator
 
 from jitserve.policy.base import Fraction, cel
 from jitserve.policy.base import SpecModel as _Model
 from jitserve.slo import SLOKind
+
+
+class Actuator(StrEnum):
+    OPERATOR = "operator"
+    KEDA = "keda"
 
 
 class AutoscalingSettings(_Model):
@@ -26,6 +33,12 @@ class AutoscalingSettings(_Model):
     )
 
     enabled: bool = Field(default=False, description="The operator sizes the serving pool.")
+    actuator: Actuator = Field(
+        default=Actuator.OPERATOR,
+        description="operator: the operator writes the planner's count to spec.replicas; "
+        "keda: it only exports it (jitserve_operator_autoscaler_desired_replicas) for a KEDA "
+        "ScaledObject (the chart's keda section) or an HPA to apply.",
+    )
     min_replicas: int = Field(default=1, ge=0, le=10000, description="Fewest replicas.")
     max_replicas: int = Field(default=8, ge=1, le=10000, description="Most replicas.")
     target_attainment: Fraction = Field(
