@@ -47,7 +47,7 @@ def metrics(arrivals: int, met: int, missed: int = 0, queue: int = 0) -> str:
         f'jitserve_requests_total{{tenant="a",kind="latency",slo_class="x",outcome="met"}} {met}\n'
         f'jitserve_requests_total{{tenant="a",kind="latency",slo_class="x",outcome="missed"}} '
         f"{missed}\n"
-        f'jitserve_requests_total{{tenant="a",kind="latency",slo_class="x",outcome="cancelled"}} 7\n'
+        'jitserve_requests_total{tenant="a",kind="latency",slo_class="x",outcome="cancelled"} 7\n'
         f"jitserve_queue_depth {queue}\n"
     )
 
