@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from jitserve.bench.stream import StreamResult
+from jitserve.bench.stream import StreamResult, stream_completion
 from jitserve.devstack.vllm import free_port
 from jitserve.placement.base import ReplicaReport
 from jitserve.placement.wire import report_to_json
@@ -200,3 +200,40 @@ def test_a_program_whose_holder_dies_moves_to_one_other_replica(fake: FakeVLLM,
         return total
 
     wait_until("the new holder to score the program", lambda: outcomes() == 1)
+
+
+def test_a_replica_scaled_down_under_load_drains_and_loses_no_stream(
+        fake: FakeVLLM, stack: StackFactory) -> None:
+    """Scale-down (a pod deleted: SIGTERM): the replica's open streams finish whole, the
+    requests that arrive meanwhile go to the other replica (the draining one refuses them
+    before a byte, the gateway places them again, then it leaves the picks), and it exits
+    0. The autoscaler removes replicas this way (issue 28)."""
+    st = stack([f"http://127.0.0.1:{fake.port}"] * 2,
+               gateway_args=("--placement", "round-robin"),
+               extra_args=["--drain-seconds", "600"])
+    victim = st.sidecars[0]
+    victim_name, survivor_name = st.name(0), st.name(1)
+    tokens = 200  # 4 s at the fake's pace
+
+    def victim_streaming() -> bool:
+        return any(r["generated"] >= 5 for r in victim.state()["running_requests"])
+
+    async def run() -> tuple[list[StreamResult], list[StreamResult]]:
+        async with aiohttp.ClientSession() as session:
+            before = await streams_until(session, st.gateway.url, body(tokens),
+                                         victim_streaming)
+            os.kill(victim.proc.pid, signal.SIGTERM)
+            await asyncio.to_thread(wait_until, "the victim draining",
+                                    lambda: victim.ready()[0] == 503)
+            during = [asyncio.create_task(stream_completion(session, st.gateway.url, body(20)))
+                      for _ in range(6)]
+            return list(await asyncio.gather(*before)), list(await asyncio.gather(*during))
+
+    before, during = asyncio.run(run())
+    on_victim = [r for r in before if r.headers.get(REPLICA) == victim_name]
+    assert on_victim, "no stream was on the drained replica"
+    assert nothing_lost(before, tokens) == {"whole": len(before), "error_event": 0,
+                                            "refused": 0}
+    assert nothing_lost(during, 20) == {"whole": len(during), "error_event": 0, "refused": 0}
+    assert all(r.headers.get(REPLICA) == survivor_name for r in during)
+    assert victim.proc.wait(60) == 0
