@@ -298,6 +298,7 @@ class Scraper:
         totals: dict[str, tuple[float, float]] = {}
         outcomes: dict[str, sm.Outcomes] = {}
         tenants: dict[str, sm.Outcomes] = {}
+        by_target: dict[str, sm.SidecarSample] = {}
         failed = 0
         t = self.clock()
         for url in urls:
@@ -307,6 +308,7 @@ class Scraper:
                 failed += 1
                 continue
             samples.append(sample)
+            by_target[url] = sample
             totals[url] = (t, sample.goodput_tokens)
             outcomes[url] = sample.outcomes
             tenants[url] = sample.tenants
@@ -316,7 +318,6 @@ class Scraper:
         history.add(t, outcomes, window_s)
         by_tenant = self._tenants.setdefault(key, sm.OutcomeHistory())
         by_tenant.add(t, tenants, window_s)
-        by_target = dict(zip(totals, samples, strict=True))
         return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed, by_target)
 
     def forget(self, key: str) -> None:
