@@ -153,10 +153,11 @@ def test_load_moves_the_replicas_up_and_its_end_down_without_flapping(
         except AssertionError:
             body = admin.get(c.API_VERSION, c.KIND, NS, NAME) or {}
             pods = admin.list("v1", "Pod", NS, b.selector_string(NAME))
+            status = body.get("status", {})
             raise AssertionError(
-                f"{body.get('status', {}).get('autoscaling')}; pods "
-                f"{pod_readiness(pods)}; seen {seen}; {body.get('status', {}).get('lastScrapeTime')}"
-                f"\n{session_operator.log()[-3000:]}") from None
+                f"{status.get('autoscaling')}; pods (ready, warming) {pod_readiness(pods)}; "
+                f"seen {seen}; last scrape {status.get('lastScrapeTime')}; operator log:\n"
+                f"{session_operator.log()[-3000:]}") from None
         wait_for("the Deployment following it", lambda: deployment_replicas() == 1, 60)
         watching.set()
         # up to the top, then down, never up again
