@@ -2,7 +2,8 @@
 make the Deployment's pods), the session operator (the real CLI) with a policy's
 ``spec.autoscaling`` on, a real sidecar in front of the FAKE vLLM as the policy's pods
 (the test plays the kubelet: it marks the pods Running and Ready at 127.0.0.1, so the
-operator scrapes that sidecar), and Debian's Prometheus scraping the operator's metrics.
+operator scrapes that sidecar), and Debian's Prometheus scraping the operator's and the
+sidecar's metrics.
 
 Load up moves ``spec.replicas`` and the Deployment's replicas up; the load gone moves
 them down; the count never goes back up in between (no flapping); the chart's KEDA query,
@@ -88,8 +89,12 @@ def test_load_moves_the_replicas_up_and_its_end_down_without_flapping(
     sidecar = SidecarProcess(f"http://127.0.0.1:{fake.port}", config=config, admin_port=True)
     prometheus = Prometheus(tmp_path, {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "operator", "static_configs": [
-            {"targets": [f"127.0.0.1:{session_operator.metrics_port}"]}]}],
+        "scrape_configs": [
+            {"job_name": "operator", "static_configs": [
+                {"targets": [f"127.0.0.1:{session_operator.metrics_port}"]}]},
+            {"job_name": "sidecar", "static_configs": [
+                {"targets": [sidecar.admin_url.removeprefix("http://")]}]},
+        ],
     })
     seen: list[int] = []
     watching = threading.Event()
@@ -145,6 +150,12 @@ def test_load_moves_the_replicas_up_and_its_end_down_without_flapping(
             return bool(result) and float(result[0]["value"][1]) == 3
 
         wait_for("the chart's KEDA query to read the planner's count", keda_reads_three, 60)
+        # the demand the operator read, as Prometheus scraped it from the same sidecar
+        def arriving() -> bool:
+            found = prometheus.query('sum(rate(jitserve_arrivals_total{job="sidecar"}[10s]))')
+            return bool(found) and float(found[0]["value"][1]) > 3  # above 3 replicas' worth
+
+        wait_for("Prometheus to see the sidecar's arrivals", arriving, 30)
         wait_for("three pods", lambda: kubelet() == 3, 60)  # the new pods come up
         load.close()
         assert load.sent > 50 and not load.failed, load.failed[:3]

@@ -112,3 +112,25 @@ def test_the_scaler_sees_arrivals_outcomes_and_latency_percentiles() -> None:
     late = [s for s in script.seen if s.at_s >= 60.0]
     assert all(s.p90_ttft_s is not None and s.p90_ttft_s > 0 for s in late)
     assert all(s.p90_tpot_s is not None and 0 < s.p90_tpot_s < 1.0 for s in late)
+
+
+def test_a_step_up_in_load_is_served_within_one_period_and_the_warm_up() -> None:
+    """The planner's added replicas serve at most one period plus the warm-up after the
+    rate steps up (the issue's bound): it sizes for the new rate at its first decision."""
+    from jitserve.policy.autoscaling import AutoscalingSettings
+    from jitserve.scaling.planner import SLOPlanner
+
+    step_s, period_s, warmup_s = 120.0, 15.0, 30.0
+    slow = [Request(f"a{i}", "t", DeadlineSLO(60.0), 100, i * 0.5, output_tokens=20)
+            for i in range(int(step_s / 0.5))]  # 2/s
+    fast = [Request(f"b{i}", "t", DeadlineSLO(60.0), 100, step_s + i / 12, output_tokens=20)
+            for i in range(12 * 120)]  # 12/s
+    settings = AutoscalingSettings(enabled=True, replica_capacity=2.0, utilization=0.5,
+                                   max_replicas=40, period_seconds=period_s,
+                                   warmup_seconds=warmup_s)
+    run = run_pool([*slow, *fast], new_engine, placer(), make_setup("gmax", SPEC).estimator,
+                   SLOPlanner(settings), initial=2, warmup_s=warmup_s, end_s=240.0)
+    needed = 12 / (2.0 * 0.5)  # the new rate at the planner's utilization
+    by = step_s + period_s + warmup_s
+    ready = [s.ready for s in run.samples if s.at_s >= by]
+    assert ready and ready[0] >= needed, [(s.at_s, s.ready, s.warming) for s in run.samples]

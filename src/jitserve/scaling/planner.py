@@ -5,10 +5,12 @@ Each period (``periodSeconds``):
 
 - **Forecast**: a least-squares line through the arrival rates of the last
   ``trendSeconds`` (one per period), read now (the level; the last minute's mean if
-  higher, as after a fall the line undershoots) and ``warmupSeconds`` + one
-  period ahead — a replica asked for now serves from then on — never below the level and
-  at most 25% above the window's highest rate. The line, not the last rates, so that
-  the pool is sized for the traffic's course and its queue absorbs the noise.
+  higher, as after a fall the line undershoots) and ``warmupSeconds`` + one period ahead
+  — a replica asked for now serves from then on — never below the level, at most 25%
+  above the window's highest rate, raised by half the rates' spread around the line. The
+  line, not the last rates, so that the pool is sized for the traffic's course and its
+  queue absorbs the noise; but a last rate 3 standard deviations (and 30%) above the
+  line through the rates before it is a step, and becomes the level at once.
 - **Size**: ``ceil(forecast / (capacity x utilization) + queued / (capacity x 60 s))``
   within [min, max]: ``capacity`` is ``replicaCapacity``, one replica's profiled rate
   (work items/s a replica sustains saturated on this traffic, as
@@ -40,6 +42,11 @@ from jitserve.slo import SLOKind
 HEADROOM_Z = 0.5
 """The forecast is raised by this many standard deviations of the rates around the line:
 bursty traffic gets headroom, smooth traffic little."""
+SHIFT_Z = 3.0
+SHIFT_FLOOR = 0.1
+"""A period's rate more than 3 standard deviations (and 30%) above the line through the
+window before it is a step: sized for at once (the line would take a window to follow),
+so a step's replicas serve within one period and the warm-up."""
 RECENT_S = 60.0
 FEEDBACK_S = 60.0
 DRAIN_S = 60.0
@@ -97,9 +104,23 @@ class SLOPlanner:
         mean_t, mean_y, rise, spread = trend(self._rates)
         recent = [r for t, r in self._rates if t > now - RECENT_S]
         level = max(mean_y + rise * (now - mean_t), sum(recent) / len(recent))
+        if self._stepped_up(now):
+            level = max(level, self._rates[-1][1])
         ahead = mean_y + rise * (now + self.settings.warmup_seconds + self.period_s - mean_t)
         ceiling = MAX_GROWTH * max(r for _, r in self._rates)
         return level, max(level, min(ahead, ceiling)) + HEADROOM_Z * spread
+
+    def _stepped_up(self, now: float) -> bool:
+        """The last period's rate is a step above the line through the ones before it
+        (beyond SHIFT_Z of their spread, and at least SHIFT_FLOOR of the line): a burst
+        the line would take a window to follow."""
+        before: deque[tuple[float, float]] = deque(list(self._rates)[:-1])
+        if len(before) < 3:
+            return False
+        mean_t, mean_y, rise, spread = trend(before)
+        expected = mean_y + rise * (now - mean_t)
+        threshold = SHIFT_Z * max(spread, SHIFT_FLOOR * max(expected, 0.0))
+        return self._rates[-1][1] > expected + threshold
 
     def decide(self, signals: PoolSignals) -> Decision:
         k = self.settings
