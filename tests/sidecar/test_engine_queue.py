@@ -124,6 +124,11 @@ def test_vllm_waiting_queue_is_fed_while_the_sidecar_holds_requests(
                 while True:
                     s_waiting = state()["waiting"]
                     running, waiting = _vllm(vllm_url)
+                    if s_waiting == 0 and _finished_by_length(vllm_url) > lengths_before:
+                        # blockers ran to their end (a slow machine): their slots took the
+                        # sidecar's queue; this try built nothing
+                        raise EndedEarly("a request ran to its end while vLLM's queue was "
+                                         "refilled")
                     assert s_waiting > 0  # by construction: QUEUED - ENGINE_QUEUE > FREED
                     samples.append((s_waiting, waiting))
                     if (s_waiting == QUEUED - ENGINE_QUEUE - FREED
