@@ -19,6 +19,7 @@ import pytest
 
 from jitserve.bench.stream import StreamResult, stream_completion
 from jitserve.devstack.vllm import free_port
+from jitserve.gateway.proxy import ClientLeft, to_client
 from tests.gateway.conftest import Stack, StackFactory
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.gateway import PATIENT
@@ -254,15 +255,30 @@ def test_the_doors_limits(fake: FakeVLLM, stack: StackFactory) -> None:
     assert fake.streams_started == 0  # none of them reached a replica
 
 
-def test_a_client_leaving_cancels_the_request_in_its_sidecar(stack: StackFactory) -> None:
-    held = FakeVLLM(free_port(), interval_s=0.005, pause_at=3)
+def test_a_failed_write_to_the_client_means_it_left() -> None:
+    """aiohttp refuses a write to a closing transport (before the handler is cancelled)
+    with its ClientConnectionResetError: the proxy reads that as the client leaving."""
+    async def refused() -> None:
+        raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+    with pytest.raises(ClientLeft):
+        asyncio.run(to_client(refused()))
+
+
+@pytest.mark.parametrize("pause_at", [3, 200])
+def test_a_client_leaving_cancels_the_request_in_its_sidecar(stack: StackFactory,
+                                                             pause_at: int) -> None:
+    """The gateway learns that the client left from its handler's cancellation or from a
+    write that fails first (tokens still flowing: pause_at=200); both count it cancelled.
+    The stream then stops for good, so it never ends on its own."""
+    held = FakeVLLM(free_port(), interval_s=0.005, pause_at=pause_at)
     try:
         st = stack([f"http://127.0.0.1:{held.port}"] * 2, extra_args=["--stall-timeout", "600"])
 
         async def leave() -> str:
             async with aiohttp.ClientSession() as session:
                 resp = await session.post(st.gateway.url + "/v1/completions",
-                                          json={**body(50), "stream": True})
+                                          json={**body(500), "stream": True})
                 assert resp.status == 200
                 await resp.content.readline()  # the first token came through
                 replica = resp.headers[REPLICA]

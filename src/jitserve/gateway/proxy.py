@@ -22,8 +22,9 @@ The rules (docs/gateway.md "Failover"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -65,6 +66,18 @@ class Failover(Exception):
                  answer: tuple[int, CIMultiDict[str], bytes] | None = None) -> None:
         super().__init__(reason)
         self.answer = answer
+
+
+class ClientLeft(Exception):
+    """Writing to the client failed: its connection is closed or closing (which the
+    handler's cancellation may not have told yet)."""
+
+
+async def to_client(write: Awaitable[Any]) -> None:
+    try:
+        await write
+    except ConnectionError as err:  # aiohttp's ClientConnectionResetError included
+        raise ClientLeft(str(err)) from err
 
 
 def upstream_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -188,36 +201,38 @@ class Forwarder:
                       first: bytes) -> tuple[web.StreamResponse, bool]:
         """Copy a streamed answer; (the client's response, whether it ended cleanly)."""
         out = web.StreamResponse(status=resp.status, headers=headers)
-        await out.prepare(request)
-        await out.write(first)
         last = first
         watch = SilenceWatch(max(SILENT_S, self.fleet.max_age_s),
                              lambda: self.fleet.in_picks(replica))
         try:
+            await to_client(out.prepare(request))
+            await to_client(out.write(first))
             while True:
                 chunk = await resp.content.readany()
                 if not chunk:
                     break
                 watch.heard()
-                await out.write(chunk)
+                await to_client(out.write(chunk))
                 last = chunk
                 if chunk.endswith(DONE):  # the client has it all and may leave now
                     self.answered(request, replica, "server_error" if b'data: {"error"'
                                   in chunk else outcome_of(resp.status))
+            await to_client(out.write_eof())
+        except ClientLeft:
+            # noticed by a write before (or instead of) the handler's cancellation
+            self.answered(request, replica, "cancelled")
+            return out, False
         except asyncio.CancelledError:
             if not watch.expired():
                 raise
             await self._fail(request, out, last, replica, "went silent and left the picks")
             return out, False
         except (aiohttp.ClientError, OSError) as err:
-            if isinstance(err, ConnectionResetError) and request.transport is None:
-                raise  # the client left
             await self._fail(request, out, last, replica,
                              f"broke the stream ({type(err).__name__})")
             return out, False
         finally:
             watch.close()
-        await out.write_eof()
         self.answered(request, replica, outcome_of(resp.status))
         return out, True
 
@@ -233,8 +248,9 @@ class Forwarder:
         log.warning("%s: the client gets an error event", message)
         self.answered(request, replica, "failed_midstream")
         with_break = b"" if last.endswith(b"\n\n") else b"\n\n"
-        await out.write(with_break + error_event(message, "replica_failed"))
-        await out.write_eof()
+        with contextlib.suppress(ClientLeft):  # nobody left to tell
+            await to_client(out.write(with_break + error_event(message, "replica_failed")))
+            await to_client(out.write_eof())
 
 
 class SilenceWatch:
