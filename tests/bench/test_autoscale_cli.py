@@ -44,7 +44,7 @@ def test_one_small_day_per_strategy_into_the_report(tmp_path: Path) -> None:
     settings = AutoscalingSettings(enabled=True, max_replicas=8, warmup_seconds=20.0,
                                    period_seconds=10.0, replica_capacity=2.9)
     base = AutoscaleCell(
-        PLANNER, "day", 1, WorkloadSpec(trace="azure-conv", duration_s=240.0), 12.0, 2.9,
+        PLANNER, "day", 1, WorkloadSpec(trace="azure-conv", duration_s=240.0), 12.0,
         "a100-llama3-8b", SLOPolicySpec(), settings, 20.0, replicas=2,
     )
     rows = [run_autoscale_cell(replace(base, strategy=s, replicas=5 if s == STATIC_PEAK else 2))

@@ -22,7 +22,7 @@ from typing import Any
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix import VALIDATION_SEEDS
 from jitserve.bench.runner import run_cells_with
-from jitserve.bench.variants import make_setup
+from jitserve.bench.variants import make_engine, make_setup
 from jitserve.errors import CLIError
 from jitserve.goodput import GoodputLedger
 from jitserve.placement.power_of_k import PowerOfK
@@ -78,7 +78,6 @@ class AutoscaleCell:
     workload: WorkloadSpec
     rate_per_s: float
     """The peak rate (shaped traffic) or the constant rate."""
-    capacity_per_s: float
     profile: str
     spec: SLOPolicySpec
     settings: AutoscalingSettings
@@ -110,11 +109,8 @@ def run_autoscale_cell(cell: AutoscaleCell) -> dict[str, Any]:
         items = shape.warp(items)
 
     def new_engine(index: int, ledger: GoodputLedger) -> Engine:
-        setup = make_setup(cell.spec.scheduler.policy, cell.spec, seed=cell.seed * 1000 + index)
-        scheduler = cell.spec.scheduler
-        return Engine(profile, setup.policy, setup.estimator, setup.stage_share, ledger=ledger,
-                      refine_every=scheduler.refine_every, budget_rule=scheduler.budget_rule,
-                      batch_constructor=scheduler.batch_constructor)  # fmt: skip
+        return make_engine(cell.spec.scheduler.policy, cell.spec, profile,
+                           cell.seed * 1000 + index, ledger)
 
     gateway = make_setup(cell.spec.scheduler.policy, cell.spec, seed=cell.seed * 1000 - 1)
     started = time.perf_counter()
@@ -156,7 +152,9 @@ def size_static(
     """The fewest replicas that hold every kind's target at ``rate_per_s`` on every
     validation window (constant rate, :data:`SIZING_S` seconds); the rows it ran."""
     workload = replace(base.workload, duration_s=SIZING_S)
-    n = max(1, math.ceil(rate_per_s / base.capacity_per_s))
+    capacity = base.settings.replica_capacity
+    assert capacity is not None, "the bench's settings carry the measured capacity"
+    n = max(1, math.ceil(rate_per_s / capacity))
     tried: list[dict[str, Any]] = []
     while n < max_replicas:
         cells = [replace(base, strategy=f"static-{n}", shape="", seed=seed, workload=workload,
@@ -194,7 +192,7 @@ def main(
         enabled=True, max_replicas=max_replicas, target_attainment=args.target_attainment,
         warmup_seconds=args.warmup, replica_capacity=capacity,
     )  # fmt: skip
-    base = AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_rate, capacity,
+    base = AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_rate,
                          args.profile, spec, settings, args.warmup)  # fmt: skip
     print(f"capacity: {capacity:.3f} work items/s per replica; peak {peak_rate:.2f}/s", flush=True)
     peak_n, sizing = size_static(base, peak_rate, args.jobs, max_replicas)

@@ -20,12 +20,11 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 from jitserve.bench.fleet import make_placement, scaled_profile
-from jitserve.bench.variants import make_setup, policy_names
+from jitserve.bench.variants import make_engine, make_setup, policy_names
 from jitserve.goodput import GoodputLedger
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import Request, Workitem
 from jitserve.sim.cluster import run_placed
-from jitserve.sim.engine import Engine
 from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile, load_profile
 from jitserve.sim.workload import (
@@ -122,19 +121,8 @@ def run_one(cell: Cell) -> dict[str, Any]:
         raise ValueError(f"{AUTO} tunes one replica; run it with --replicas 1")
     for replica in range(cell.replicas):
         name = cell.spec.scheduler.auto.candidates[0] if auto else cell.policy
-        setup = make_setup(name, cell.spec, seed=cell.seed * 1000 + replica)
-        engines.append(
-            Engine(
-                scaled_profile(profile, speeds[replica]),
-                setup.policy,
-                setup.estimator,
-                setup.stage_share,
-                ledger=ledger,
-                refine_every=cell.spec.scheduler.refine_every,
-                budget_rule=cell.spec.scheduler.budget_rule,
-                batch_constructor=cell.spec.scheduler.batch_constructor,
-            )
-        )
+        engines.append(make_engine(name, cell.spec, scaled_profile(profile, speeds[replica]),
+                                   cell.seed * 1000 + replica, ledger))
     if cell.track_memory:
         tracemalloc.start()
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jitserve.goodput import GoodputLedger
 from jitserve.policy import MechanismSettings, SLOPolicySpec
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.estimators import (
@@ -32,6 +33,8 @@ from jitserve.scheduling.estimators import (
     UniformStageShare,
 )
 from jitserve.scheduling.registry import AC_SUFFIX, BASELINES, make_policy
+from jitserve.sim.engine import Engine
+from jitserve.sim.latency import Profile
 
 
 @dataclass
@@ -125,6 +128,16 @@ def with_mechanisms_off(spec: SLOPolicySpec, off: tuple[str, ...]) -> SLOPolicyS
         raise ValueError(f"unknown mechanisms {sorted(unknown)}")
     return spec.with_scheduler(
         mechanisms=spec.scheduler.mechanisms.model_copy(update=dict.fromkeys(off, False)))
+
+
+def make_engine(name: str, spec: SLOPolicySpec, profile: Profile, seed: int,
+                ledger: GoodputLedger | None = None) -> Engine:
+    """An engine running policy ``name`` as ``spec``'s scheduler settings say."""
+    setup = make_setup(name, spec, seed)
+    scheduler = spec.scheduler
+    return Engine(profile, setup.policy, setup.estimator, setup.stage_share, ledger=ledger,
+                  refine_every=scheduler.refine_every, budget_rule=scheduler.budget_rule,
+                  batch_constructor=scheduler.batch_constructor)
 
 
 def make_setup(name: str, spec: SLOPolicySpec, seed: int = 0) -> Setup:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from jitserve.operator import constants as c
 from jitserve.operator import events
 from jitserve.operator.kube import JSON, Kube
-from jitserve.operator.sidecar_metrics import SidecarSample
+from jitserve.operator.sidecar_metrics import SidecarSample, increase
 from jitserve.policy.autoscaling import Actuator, AutoscalingSettings
 from jitserve.scaling.planner import SLOPlanner
 from jitserve.scaling.signals import Decision, PoolSignals
@@ -60,11 +60,7 @@ def _since(now: Mapping[tuple[str, str], float],
            before: Mapping[tuple[str, str], float] | None) -> dict[tuple[str, str], float]:
     """Counter increments since ``before`` (none for a target first seen now; from zero
     after a restart)."""
-    if before is None:
-        return {}
-    if any(v < before.get(k, 0.0) for k, v in now.items()):
-        before = {}
-    return {k: v - before.get(k, 0.0) for k, v in now.items()}
+    return {} if before is None else increase(now, before)
 
 
 @dataclass

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
+
+K = TypeVar("K")
 
 DEMAND, GOODPUT = "demand", "goodput"  # a sample's per-tenant token counters
 
@@ -106,6 +109,14 @@ def goodput_rate(
     return round(rate, 3) if seen else None
 
 
+def increase(now: Mapping[K, float], before: Mapping[K, float]) -> dict[K, float]:
+    """How much each counter grew since ``before``: the sidecars' counters only grow, so
+    one that went down means the pod restarted, and counts from zero."""
+    if any(v < before.get(k, 0.0) for k, v in now.items()):
+        before = {}
+    return {k: v - before.get(k, 0.0) for k, v in now.items()}
+
+
 @dataclass
 class OutcomeHistory:
     """Counters per scrape target over time (outcomes, or tenants' tokens), for their
@@ -137,8 +148,6 @@ class OutcomeHistory:
             first = base.get(target)
             if first is None:  # first seen after the baseline: count from its first scrape
                 first = next((snap[target] for _, snap in self.snapshots if target in snap), {})
-            if any(v < first.get(k, 0.0) for k, v in counts.items()):
-                first = {}  # counter reset: the pod restarted
-            for key, value in counts.items():
-                totals[key] = totals.get(key, 0.0) + value - first.get(key, 0.0)
+            for key, grown in increase(counts, first).items():
+                totals[key] = totals.get(key, 0.0) + grown
         return totals, t1 - t0

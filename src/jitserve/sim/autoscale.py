@@ -30,7 +30,7 @@ from jitserve.requests import Workitem
 from jitserve.scaling.signals import PoolSignals, Scaler
 from jitserve.scheduling.estimators import LengthEstimator
 from jitserve.sim.engine import Engine
-from jitserve.sim.reports import EngineReporter, ask_of
+from jitserve.sim.reports import EngineReporter, ask_of, report_all
 from jitserve.slo import SLOKind
 
 LATENCY_WINDOW_S = 60.0
@@ -150,9 +150,9 @@ class _Pool:
         for r in self.live():
             if r.draining_s is not None and r.engine.outstanding == 0:
                 r.gone_s = now
-        self.reports = [r.reporter.report(now) for r in self.replicas if r.serving(now)]
-        for report in self.reports:
-            self.placer.reported(report)
+        self.reports = report_all(
+            (r.reporter for r in self.replicas if r.serving(now)), self.placer, now
+        )
 
     def place(self, item: Workitem) -> None:
         self.arrived += 1

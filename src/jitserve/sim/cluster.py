@@ -29,7 +29,7 @@ from jitserve.requests import Request, Workitem
 from jitserve.scheduling.estimators import LengthEstimator
 from jitserve.sim.engine import Engine
 from jitserve.sim.late import LateBinder, advance_in_step
-from jitserve.sim.reports import EngineReporter, ask_of
+from jitserve.sim.reports import EngineReporter, ask_of, report_all
 
 DEFAULT_REPORT_PERIOD_S = 0.25
 
@@ -112,9 +112,7 @@ def run_placed(
             continue
         while next_report_s <= item.arrival_s:
             advance(next_report_s)
-            reports = [r.report(next_report_s) for r in reporters]
-            for report in reports:
-                placement.placer.reported(report)
+            reports = report_all(reporters, placement.placer, next_report_s)
             next_report_s += placement.report_period_s
         advance(item.arrival_s)
         if binder is not None and isinstance(item, Request):

@@ -12,9 +12,10 @@ length bound and expected length (never the true length).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 
-from jitserve.placement.base import Ask, ReplicaReport, program_key
+from jitserve.placement.base import Ask, Placer, ReplicaReport, program_key
 from jitserve.requests import Program, Request, Workitem
 from jitserve.scheduling.estimators import LengthEstimator
 from jitserve.scheduling.staged import StagedPolicy
@@ -78,6 +79,15 @@ class EngineReporter:
             outstanding_tokens=int(outstanding + prefill), programs=frozenset(programs),
             token_s=speed.token_s, prefill_tokens=int(prefill),
         )  # fmt: skip
+
+
+def report_all(reporters: Iterable[EngineReporter], placer: Placer,
+               now: float) -> list[ReplicaReport]:
+    """Each replica's report at ``now``, as the placer receives them."""
+    reports = [r.report(now) for r in reporters]
+    for report in reports:
+        placer.reported(report)
+    return reports
 
 
 def ask_of(item: Workitem, estimator: LengthEstimator) -> Ask:
