@@ -154,6 +154,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
         yield found
 
 
+TRANSIENT = ("etcdserver: request timed out", "etcdserver: leader changed",
+             "the server was unable to return a response in the time allotted",
+             "Timeout: request did not complete within")
+"""A busy machine's API server answers these now and then (its etcd missed a deadline);
+kubectl is run again, as a client with retries would."""
+
+
 @pytest.fixture(scope="session")
 def kubectl(
     cluster: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
@@ -166,9 +173,15 @@ def kubectl(
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         argv = [str(binary), f"--kubeconfig={cluster[0]}", f"--cache-dir={cache}", *args]
-        return subprocess.run(
-            argv, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=120
-        )
+        for backoff_s in (1.0, 2.0, 4.0, 8.0, 0.0):
+            result = subprocess.run(
+                argv, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=120
+            )
+            if result.returncode == 0 or not any(m in result.stderr for m in TRANSIENT):
+                return result
+            if backoff_s:
+                time.sleep(backoff_s)
+        return result
 
     return run
 
