@@ -75,6 +75,23 @@ def test_a_burst_is_not_projected_past_a_quarter_above_its_peak() -> None:
     assert forecast == pytest.approx(12.5)
 
 
+@pytest.mark.usefixtures("no_headroom")
+def test_a_big_step_is_sized_as_a_ramp_going_on_and_a_small_one_at_its_level() -> None:
+    """A step of half the line or more (a burst's ramp caught part-way through a period)
+    is sized as rising by as much again; a smaller step from its own level."""
+    big, small = planner(warmupSeconds=60), planner(warmupSeconds=60)
+    for i in range(1, 6):
+        big.decide(period(i * PERIOD, rate=4.0, ready=4))
+        small.decide(period(i * PERIOD, rate=4.0, ready=4))
+    decision = big.decide(period(6 * PERIOD, rate=8.0, ready=4))
+    assert big.forecast(6 * PERIOD) == pytest.approx((8.0, 12.0))
+    assert decision.desired == 12  # 12/s over 2/s per replica at utilization 0.5, at once
+    small.decide(period(6 * PERIOD, rate=5.6, ready=4))  # a step (> 30%), not half the line
+    level, forecast = small.forecast(6 * PERIOD)
+    assert level == pytest.approx(5.6)
+    assert forecast < 5.6 + 1.6
+
+
 def test_noisy_traffic_gets_headroom_and_steady_traffic_none() -> None:
     steady, noisy = planner(), planner()
     for i in range(1, 9):

@@ -10,7 +10,9 @@ Each period (``periodSeconds``):
   above the window's highest rate, raised by half the rates' spread around the line. The
   line, not the last rates, so that the pool is sized for the traffic's course and its
   queue absorbs the noise; but a last rate 3 standard deviations (and 30%) above the
-  line through the rates before it is a step, and becomes the level at once.
+  line through the rates before it is a step, and becomes the level at once; a step
+  of half the line or more is a ramp seen part-way (a period's rate averages its start
+  with what came before), and is sized as rising by as much again.
 - **Size**: ``ceil(forecast / (capacity x utilization) + queued / (capacity x 60 s))``
   within [min, max]: ``capacity`` is ``replicaCapacity``, one replica's profiled rate
   (work items/s a replica sustains saturated on this traffic, as
@@ -39,7 +41,7 @@ from jitserve.policy.autoscaling import AutoscalingSettings
 from jitserve.scaling.signals import Decision, PoolSignals
 from jitserve.slo import SLOKind
 
-HEADROOM_Z = 0.5
+HEADROOM_Z = 0.3
 """The forecast is raised by this many standard deviations of the rates around the line:
 bursty traffic gets headroom, smooth traffic little."""
 SHIFT_Z = 3.0
@@ -47,6 +49,9 @@ SHIFT_FLOOR = 0.1
 """A period's rate more than 3 standard deviations (and 30%) above the line through the
 window before it is a step: sized for at once (the line would take a window to follow),
 so a step's replicas serve within one period and the warm-up."""
+RAMP_STEP = 0.5
+"""A step of at least half the line is sized as rising by as much again: a burst's ramp
+caught part-way through a period would otherwise be met in a staircase of warm-ups."""
 RECENT_S = 60.0
 FEEDBACK_S = 60.0
 DRAIN_S = 60.0
@@ -100,27 +105,32 @@ class SLOPlanner:
         """(level, forecast) of the arrival rate, work items/s: the trend line's value now
         (or the last minute's mean, if higher: after a fall the line undershoots) and one
         warm-up and period ahead (never below the level, at most 25% above the window's
-        highest rate)."""
+        highest rate, but after a ramp's step at least the step again above it)."""
         mean_t, mean_y, rise, spread = trend(self._rates)
         recent = [r for t, r in self._rates if t > now - RECENT_S]
         level = max(mean_y + rise * (now - mean_t), sum(recent) / len(recent))
-        if self._stepped_up(now):
-            level = max(level, self._rates[-1][1])
         ahead = mean_y + rise * (now + self.settings.warmup_seconds + self.period_s - mean_t)
         ceiling = MAX_GROWTH * max(r for _, r in self._rates)
-        return level, max(level, min(ahead, ceiling)) + HEADROOM_Z * spread
+        jump, last = self._step(now), self._rates[-1][1]
+        if jump > 0:
+            level = max(level, last)
+        forecast = max(level, min(ahead, ceiling))
+        if jump > 0 and jump >= RAMP_STEP * (last - jump):
+            forecast = max(forecast, last + jump)
+        return level, forecast + HEADROOM_Z * spread
 
-    def _stepped_up(self, now: float) -> bool:
-        """The last period's rate is a step above the line through the ones before it
-        (beyond SHIFT_Z of their spread, and at least SHIFT_FLOOR of the line): a burst
-        the line would take a window to follow."""
+    def _step(self, now: float) -> float:
+        """How far the last period's rate is above the line through the ones before it,
+        where that is a step (beyond SHIFT_Z of their spread, and at least SHIFT_FLOOR of
+        the line): a burst the line would take a window to follow; else 0."""
         before: deque[tuple[float, float]] = deque(list(self._rates)[:-1])
         if len(before) < 3:
-            return False
+            return 0.0
         mean_t, mean_y, rise, spread = trend(before)
         expected = mean_y + rise * (now - mean_t)
         threshold = SHIFT_Z * max(spread, SHIFT_FLOOR * max(expected, 0.0))
-        return self._rates[-1][1] > expected + threshold
+        jump = self._rates[-1][1] - expected
+        return jump if jump > threshold else 0.0
 
     def decide(self, signals: PoolSignals) -> Decision:
         k = self.settings
