@@ -7,7 +7,7 @@ Each period (``periodSeconds``):
   ``trendSeconds`` (one per period), read now (the level; the last minute's mean if
   higher, as after a fall the line undershoots) and ``warmupSeconds`` + one period ahead
   — a replica asked for now serves from then on — never below the level, at most 25%
-  above the window's highest rate, raised by half the rates' spread around the line. The
+  above the window's highest rate, raised by 0.3 of the rates' spread around the line. The
   line, not the last rates, so that the pool is sized for the traffic's course and its
   queue absorbs the noise; but a last rate 3 standard deviations (and 30%) above the
   line through the rates before it is a step, and becomes the level at once; a step
