@@ -10,7 +10,7 @@ import pytest
 
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
-from jitserve.operator.autoscaler import Autoscaler, pod_readiness
+from jitserve.operator.autoscaler import DELETION_COST, Autoscaler, pod_readiness
 from jitserve.operator.reconcile import Scraper, reconcile
 from jitserve.operator.sidecar_metrics import SidecarSample, parse_metrics
 from jitserve.policy.autoscaling import AutoscalingSettings
@@ -149,6 +149,34 @@ def test_the_reconcile_writes_the_planners_count_to_spec_replicas_with_an_event(
     reconcile(kube, body(kube), SETTINGS)
     deployment = kube.get("apps/v1", "Deployment", NS, "chat")
     assert deployment is not None and deployment["spec"]["replicas"] == 10
+
+
+def test_a_scale_down_marks_each_pods_work_as_its_deletion_cost() -> None:
+    """Before the count goes down, each scraped pod carries its requests in flight as
+    controller.kubernetes.io/pod-deletion-cost: the ReplicaSet removes the idlest first."""
+    kube = FakeKube()
+    policy(kube, {"enabled": True, "replicaCapacity": 2.0, "utilization": 0.5,
+                  "maxReplicas": 20})
+    for name in ("chat-1", "chat-22", "chat-333"):
+        kube.add(pod(name, True))
+    in_flight = {"10.0.0.6": (5, 2), "10.0.0.7": (0, 0), "10.0.0.8": (1, 0)}  # by pod IP
+    clock = Clock()
+
+    def fetch(url: str, timeout: float) -> str:
+        running, queued = in_flight[url.split("//")[1].split(":")[0]]
+        return metrics(0, 0, queue=queued) + f"jitserve_running_requests {running}\n"
+
+    scraper = Scraper(fetch=fetch, clock=clock)
+    scaler = Autoscaler(clock)
+    reconcile(kube, body(kube), SETTINGS, scraper, autoscaler=scaler)
+    assert all(DELETION_COST not in (p["metadata"].get("annotations") or {})
+               for p in kube.list("v1", "Pod", NS))  # no scale-down yet: no marks
+    clock.now = 15.0
+    out = reconcile(kube, body(kube), SETTINGS, scraper, autoscaler=scaler)
+    assert "scale SLOPolicy team-a/chat 2->1" in out.writes
+    costs = {p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST]
+             for p in kube.list("v1", "Pod", NS)}
+    assert costs == {"chat-1": "7", "chat-22": "0", "chat-333": "1"}
 
 
 def test_with_autoscaling_off_spec_replicas_is_the_users() -> None:

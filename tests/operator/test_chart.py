@@ -219,7 +219,7 @@ def test_default_rbac_is_namespaced_cluster_wide_is_explicit() -> None:
     # Least privilege: no wildcards; Secrets only read by name and written (no list/watch).
     assert all("*" not in v for v in verbs.values())
     assert verbs[("", "secrets")] == {"get", "create", "patch"}
-    assert verbs[("", "pods")] == {"list"}
+    assert verbs[("", "pods")] == {"list", "patch"}  # patch: the pod-deletion-cost only
     # deletes only what a spec can take away: the Ingress, the fleet's gateway
     deleters = {key for key, v in verbs.items() if "delete" in v}
     assert deleters == {("networking.k8s.io", "ingresses"), ("apps", "deployments"),

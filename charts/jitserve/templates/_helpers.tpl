@@ -121,10 +121,11 @@ Children are written with server-side apply (PATCH; creating one by apply also n
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
-# Serving pods: found by label to read each sidecar's /metrics and report their readiness.
+# Serving pods: found by label to read each sidecar's /metrics and report their readiness;
+# before autoscaling scales down, annotated with their pod-deletion-cost (patch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "patch"]
 # Events about SLOPolicy objects (kopf posts handler failures).
 - apiGroups: [""]
   resources: ["events"]

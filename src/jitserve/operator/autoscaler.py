@@ -11,23 +11,31 @@ counts from then, a counter that went down from zero): arrivals
 From the pods: ready (Ready) and warming (not yet Ready, not terminating). The planner's
 state (its rate history, its learned utilization) lives in this process: an operator
 restart starts it afresh, from ``autoscaling.utilization``.
+
+Before a count goes down (whichever actuator applies it), each scraped pod gets the
+``controller.kubernetes.io/pod-deletion-cost`` annotation: its requests in flight (running
+and queued), so the ReplicaSet removes the pods with the least to drain first
+(Kubernetes >= 1.22 reads it), as the simulator's pool does.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from jitserve.operator import constants as c
 from jitserve.operator import events
-from jitserve.operator.kube import JSON, Kube
+from jitserve.operator.kube import JSON, Kube, KubeError
 from jitserve.operator.sidecar_metrics import SidecarSample, increase
 from jitserve.policy.autoscaling import Actuator, AutoscalingSettings
 from jitserve.scaling.planner import SLOPlanner
 from jitserve.scaling.signals import Decision, PoolSignals
 from jitserve.slo import SLOKind
 
+log = logging.getLogger("jitserve.operator")
 ENDED = ("met", "missed", "retired")
 """Outcomes that count toward attainment (cancelled and error are the client's or the
 engine's, not the SLO's)."""
@@ -47,6 +55,32 @@ def pod_readiness(pods: list[JSON]) -> tuple[int, int]:
         else:
             warming += 1
     return ready, warming
+
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def deletion_costs(pods: list[JSON], samples: Mapping[str, SidecarSample]) -> dict[str, int]:
+    """Each scraped pod's requests in flight (running and queued), by pod name; a pod its
+    scrape does not show gets none (the ReplicaSet ranks unready pods first anyway)."""
+    by_ip = {urllib.parse.urlsplit(url).hostname: s for url, s in samples.items()}
+    costs = {}
+    for pod in pods:
+        sample = by_ip.get((pod.get("status") or {}).get("podIP"))
+        if sample is not None:
+            costs[pod["metadata"]["name"]] = round(sample.running + sample.queue_depth)
+    return costs
+
+
+def _mark_deletion_costs(kube: Kube, namespace: str, pods: list[JSON],
+                         samples: Mapping[str, SidecarSample]) -> None:
+    for name, cost in deletion_costs(pods, samples).items():
+        try:
+            kube.merge_patch("v1", "Pod", namespace, name,
+                             {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
+        except KubeError as err:  # advice only: the count still goes down
+            log.warning("pod %s/%s: %s could not be set: %s", namespace, name,
+                        DELETION_COST, err.message)
 
 
 def _counters(sample: SidecarSample) -> dict[tuple[str, str], float]:
@@ -163,6 +197,8 @@ def autoscale(
     }
     if "lastScaleTime" in old:
         status["lastScaleTime"] = old["lastScaleTime"]
+    if decision.desired < replicas:
+        _mark_deletion_costs(kube, meta["namespace"], pods, samples)
     if decision.desired == replicas or settings.actuator is Actuator.KEDA:
         return status, None
     kube.merge_patch(c.API_VERSION, c.KIND, meta["namespace"], meta["name"],

@@ -49,6 +49,7 @@ class SidecarSample:
     arrivals: dict[str, float] = field(default_factory=dict)
     """Valid requests received, by kind (the autoscaler's demand)."""
     queue_depth: float = 0.0
+    running: float = 0.0
 
 
 def parse_metrics(text: str) -> SidecarSample:
@@ -77,6 +78,8 @@ def parse_metrics(text: str) -> SidecarSample:
                 sample.arrivals[kind] = sample.arrivals.get(kind, 0.0) + float(s.value)
             elif s.name == "jitserve_queue_depth":
                 sample.queue_depth = float(s.value)
+            elif s.name == "jitserve_running_requests":
+                sample.running = float(s.value)
     return sample
 
 
