@@ -49,6 +49,8 @@ class EveryPeriodAnother:
     def __init__(self) -> None:
         self.server: SidecarServer | None = None
         self.windows: list[int] = []
+        self.frozen = False
+        """Set: each comparison scores the scheduler in effect highest (no more switches)."""
 
     async def __call__(self, spec: SLOPolicySpec, profile: Profile,
                        items: Sequence[Workitem], estimator: LengthEstimator,
@@ -56,7 +58,8 @@ class EveryPeriodAnother:
         assert self.server is not None
         self.windows.append(len(items))
         running = self.server.dispatcher.scheduler
-        return tuple(Trial(name, 1.0 if name == running else 100.0, 1, len(items))
+        low, high = (100.0, 1.0) if self.frozen else (1.0, 100.0)
+        return tuple(Trial(name, low if name == running else high, 1, len(items))
                      for name in spec.scheduler.auto.candidates), 0.0
 
 
@@ -77,10 +80,20 @@ async def _serve_and_stream(settings: SidecarSettings, replayer: EveryPeriodAnot
                 tasks.append(asyncio.create_task(stream_completion(session, url, body)))
                 await asyncio.sleep(0.05)
             results = list(await asyncio.gather(*tasks))
-            async with session.get(url + "/metrics") as resp:
-                text = await resp.text()
-            async with session.get(url + "/debug/scheduler") as resp:
-                explained = await resp.json()
+            replayer.frozen = True
+            # a comparison begun before the freeze may still switch: read the metrics
+            # between two looks at the scheduler in effect that agree
+            for _ in range(100):
+                async with session.get(url + "/debug/scheduler") as resp:
+                    before = await resp.json()
+                async with session.get(url + "/metrics") as resp:
+                    text = await resp.text()
+                async with session.get(url + "/debug/scheduler") as resp:
+                    explained = await resp.json()
+                if before["auto"]["in_effect"] == explained["auto"]["in_effect"] and (
+                        before["auto"]["last"] == explained["auto"]["last"]):
+                    break
+                await asyncio.sleep(0.1)
         return results, text, explained
     finally:
         await server.shutdown(2.0)

@@ -125,7 +125,9 @@ def test_through_the_sidecar_a_claim_beyond_is_clamped_or_refused_and_counted(
                                {"x-tenant": "a", "x-llm-d-slo-class": "interactive"})
         assert status == 403 and body["error"]["param"] == "x-llm-d-slo-class", body
         status, _, body = post(url, tight, {"x-tenant": "b"})
-        assert status == 200, body
+        # b's own 50 ms stands (no contract, nothing clamped): on a busy machine the first
+        # token can come later than that, and overload control retires the request
+        assert status == 200 or body["error"]["code"] == "slo_unreachable", body
         text = get_text(s.url + "/metrics")
         name = "jitserve_slo_claims_beyond_contract_total"
         assert metric(text, name, tenant="a", field="slo.ttft_ms", action="clamped") == 1
