@@ -10,7 +10,12 @@ import pytest
 
 from jitserve.operator import builders as b
 from jitserve.operator import constants as c
-from jitserve.operator.autoscaler import DELETION_COST, Autoscaler, pod_readiness
+from jitserve.operator.autoscaler import (
+    DELETION_COST,
+    Autoscaler,
+    mark_deletion_costs,
+    pod_readiness,
+)
 from jitserve.operator.reconcile import Scraper, reconcile
 from jitserve.operator.sidecar_metrics import SidecarSample, parse_metrics
 from jitserve.policy.autoscaling import AutoscalingSettings
@@ -177,6 +182,14 @@ def test_a_scale_down_marks_each_pods_work_as_its_deletion_cost() -> None:
     costs = {p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST]
              for p in kube.list("v1", "Pod", NS)}
     assert costs == {"chat-1": "7", "chat-22": "0", "chat-333": "1"}
+    # marks already right are not written again; a changed one is
+    in_flight["10.0.0.7"] = (3, 0)
+    samples = {f"http://{ip}:8081/metrics": SidecarSample(running=r, queue_depth=q)
+               for ip, (r, q) in in_flight.items()}
+    written = len(kube.writes)
+    mark_deletion_costs(kube, NS, kube.list("v1", "Pod", NS), samples)
+    assert kube.writes[written:] == ["patch Pod"]
+    assert kube.get("v1", "Pod", NS, "chat-22")["metadata"]["annotations"][DELETION_COST] == "3"
 
 
 def test_with_autoscaling_off_spec_replicas_is_the_users() -> None:

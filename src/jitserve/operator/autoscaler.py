@@ -72,9 +72,15 @@ def deletion_costs(pods: list[JSON], samples: Mapping[str, SidecarSample]) -> di
     return costs
 
 
-def _mark_deletion_costs(kube: Kube, namespace: str, pods: list[JSON],
-                         samples: Mapping[str, SidecarSample]) -> None:
+def mark_deletion_costs(kube: Kube, namespace: str, pods: list[JSON],
+                        samples: Mapping[str, SidecarSample]) -> None:
+    """Write each pod's cost, unless its annotation already says it (a scale-down that
+    KEDA applies a period later would otherwise rewrite every pod each period)."""
+    marked = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(DELETION_COST)
+              for p in pods}
     for name, cost in deletion_costs(pods, samples).items():
+        if marked.get(name) == str(cost):
+            continue
         try:
             kube.merge_patch("v1", "Pod", namespace, name,
                              {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
@@ -198,7 +204,7 @@ def autoscale(
     if "lastScaleTime" in old:
         status["lastScaleTime"] = old["lastScaleTime"]
     if decision.desired < replicas:
-        _mark_deletion_costs(kube, meta["namespace"], pods, samples)
+        mark_deletion_costs(kube, meta["namespace"], pods, samples)
     if decision.desired == replicas or settings.actuator is Actuator.KEDA:
         return status, None
     kube.merge_patch(c.API_VERSION, c.KIND, meta["namespace"], meta["name"],
