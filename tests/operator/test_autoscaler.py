@@ -184,8 +184,9 @@ def test_a_scale_down_marks_each_pods_work_as_its_deletion_cost() -> None:
     assert costs == {"chat-1": "7", "chat-22": "0", "chat-333": "1"}
     # marks already right are not written again; a changed one is
     in_flight["10.0.0.7"] = (3, 0)
-    samples = {f"http://{ip}:8081/metrics": SidecarSample(running=r, queue_depth=q)
-               for ip, (r, q) in in_flight.items()}
+    ip_of = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.list("v1", "Pod", NS)}
+    samples = {name: SidecarSample(running=in_flight[ip][0], queue_depth=in_flight[ip][1])
+               for name, ip in ip_of.items()}
     written = len(kube.writes)
     mark_deletion_costs(kube, NS, kube.list("v1", "Pod", NS), samples)
     assert kube.writes[written:] == ["patch Pod"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -60,26 +59,21 @@ def pod_readiness(pods: list[JSON]) -> tuple[int, int]:
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-def deletion_costs(pods: list[JSON], samples: Mapping[str, SidecarSample]) -> dict[str, int]:
+def deletion_costs(samples: Mapping[str, SidecarSample]) -> dict[str, int]:
     """Each scraped pod's requests in flight (running and queued), by pod name; a pod its
     scrape does not show gets none (the ReplicaSet ranks unready pods first anyway)."""
-    by_ip = {urllib.parse.urlsplit(url).hostname: s for url, s in samples.items()}
-    costs = {}
-    for pod in pods:
-        sample = by_ip.get((pod.get("status") or {}).get("podIP"))
-        if sample is not None:
-            costs[pod["metadata"]["name"]] = round(sample.running + sample.queue_depth)
-    return costs
+    return {pod: round(s.running + s.queue_depth) for pod, s in samples.items()}
 
 
 def mark_deletion_costs(kube: Kube, namespace: str, pods: list[JSON],
                         samples: Mapping[str, SidecarSample]) -> None:
-    """Write each pod's cost, unless its annotation already says it (a scale-down that
-    KEDA applies a period later would otherwise rewrite every pod each period)."""
+    """Write each scraped pod's cost (``samples``: by pod name) on the pods listed, unless
+    its annotation already says it (a scale-down that KEDA applies a period later would
+    otherwise rewrite every pod each period)."""
     marked = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(DELETION_COST)
               for p in pods}
-    for name, cost in deletion_costs(pods, samples).items():
-        if marked.get(name) == str(cost):
+    for name, cost in deletion_costs(samples).items():
+        if name not in marked or marked[name] == str(cost):
             continue
         try:
             kube.merge_patch("v1", "Pod", namespace, name,
@@ -109,7 +103,7 @@ class _PolicyState:
     planner: SLOPlanner
     last_at: float
     counters: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)
-    """Per scrape target: the counters it showed at the last scrape."""
+    """Per pod: the counters its sidecar showed at the last scrape."""
     arrived: float = 0.0
     finished: dict[SLOKind, int] = field(default_factory=dict)
     met: dict[SLOKind, int] = field(default_factory=dict)
@@ -132,7 +126,7 @@ class Autoscaler:
     ) -> Decision | None:
         """The planner's decision for policy ``key`` once a period has passed since its
         last (the first a period after the first scrape: a rate needs two), else None;
-        None with autoscaling off. ``samples``: this scrape's, by target."""
+        None with autoscaling off. ``samples``: this scrape's, by pod name."""
         if not settings.enabled:
             self.forget(key)
             return None
@@ -141,9 +135,9 @@ class Autoscaler:
         if state is None or state.settings != settings:
             state = _PolicyState(settings, SLOPlanner(settings), now)
             self._policies[key] = state
-        for target, sample in samples.items():
+        for pod, sample in samples.items():
             counters = _counters(sample)
-            for (what, detail), n in _since(counters, state.counters.get(target)).items():
+            for (what, detail), n in _since(counters, state.counters.get(pod)).items():
                 if what == "arrivals":
                     state.arrived += n
                 elif what in KINDS and detail in ENDED:
@@ -151,7 +145,7 @@ class Autoscaler:
                     state.finished[kind] = state.finished.get(kind, 0) + round(n)
                     if detail == "met":
                         state.met[kind] = state.met.get(kind, 0) + round(n)
-            state.counters[target] = counters
+            state.counters[pod] = counters
         if now - state.last_at < settings.period_seconds:
             return None
         ready, warming = pod_readiness(pods)

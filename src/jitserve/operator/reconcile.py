@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -255,17 +255,17 @@ def http_fetch(url: str, timeout_s: float) -> str:
     return body.decode()
 
 
-def metrics_targets(pods: list[JSON], spec_port: int) -> list[str]:
-    """``/metrics`` URLs of the policy's running pods (pod IP and the sidecar's admin
-    port, which needs no key even with tenant keys on)."""
-    urls = []
+def metrics_targets(pods: list[JSON], spec_port: int) -> dict[str, str]:
+    """The ``/metrics`` URL of each of the policy's running pods, by pod name (pod IP and
+    the sidecar's admin port, which needs no key even with tenant keys on)."""
+    urls = {}
     for pod in pods:
         status = pod.get("status") or {}
         ip = status.get("podIP")
         if status.get("phase") == "Running" and ip and not pod["metadata"].get("deletionTimestamp"):
             host = f"[{ip}]" if ":" in str(ip) else str(ip)
-            urls.append(f"http://{host}:{spec_port}/metrics")
-    return sorted(urls)
+            urls[pod["metadata"]["name"]] = f"http://{host}:{spec_port}/metrics"
+    return urls
 
 
 @dataclass
@@ -278,7 +278,8 @@ class Scrape:
     tenants: sm.Outcomes = field(default_factory=dict)
     """(tenant, "demand" | "goodput") -> tokens over the same window as ``recent``."""
     failed: int = 0
-    by_target: dict[str, sm.SidecarSample] = field(default_factory=dict)
+    by_pod: dict[str, sm.SidecarSample] = field(default_factory=dict)
+    """Each scraped pod's sample, by pod name."""
 
 
 @dataclass
@@ -293,32 +294,33 @@ class Scraper:
     _history: dict[str, sm.OutcomeHistory] = field(default_factory=dict)
     _tenants: dict[str, sm.OutcomeHistory] = field(default_factory=dict)
 
-    def scrape(self, key: str, urls: list[str], window_s: float = 300.0) -> Scrape:
+    def scrape(self, key: str, targets: Mapping[str, str], window_s: float = 300.0) -> Scrape:
+        """Scrape ``targets`` (pod name -> its ``/metrics`` URL) of the policy ``key``."""
         samples: list[sm.SidecarSample] = []
         totals: dict[str, tuple[float, float]] = {}
         outcomes: dict[str, sm.Outcomes] = {}
         tenants: dict[str, sm.Outcomes] = {}
-        by_target: dict[str, sm.SidecarSample] = {}
+        by_pod: dict[str, sm.SidecarSample] = {}
         failed = 0
         t = self.clock()
-        for url in urls:
+        for pod, url in sorted(targets.items()):
             try:
                 sample = sm.parse_metrics(self.fetch(url, self.timeout_s))
             except (OSError, ValueError):
                 failed += 1
                 continue
             samples.append(sample)
-            by_target[url] = sample
-            totals[url] = (t, sample.goodput_tokens)
-            outcomes[url] = sample.outcomes
-            tenants[url] = sample.tenants
+            by_pod[pod] = sample
+            totals[pod] = (t, sample.goodput_tokens)
+            outcomes[pod] = sample.outcomes
+            tenants[pod] = sample.tenants
         rate = sm.goodput_rate(self._last.get(key, {}), totals)
         self._last[key] = totals
         history = self._history.setdefault(key, sm.OutcomeHistory())
         history.add(t, outcomes, window_s)
         by_tenant = self._tenants.setdefault(key, sm.OutcomeHistory())
         by_tenant.add(t, tenants, window_s)
-        return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed, by_target)
+        return Scrape(samples, rate, history.recent(), by_tenant.recent()[0], failed, by_pod)
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)
@@ -346,15 +348,15 @@ def reconcile(
     valid, _ = spec_problems(body)
     spec = valid or SLOPolicySpec()
     if scraper is not None:
-        urls = metrics_targets(out.pods or [], spec.sidecar.admin_port)
+        targets = metrics_targets(out.pods or [], spec.sidecar.admin_port)
         window = spec.reporting.attainment_window_seconds
-        scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", urls, window)
+        scrape = scraper.scrape(f"{ref.namespace}/{ref.name}", targets, window)
         out.scrape = scrape
     scaled: JSON | None = None
     if autoscaler is not None and scrape is not None and valid is not None:
         try:
             scaled, write = autoscale(kube, body, valid.autoscaling, valid.replicas, autoscaler,
-                                      out.pods or [], scrape.by_target, now or now_iso())
+                                      out.pods or [], scrape.by_pod, now or now_iso())
         except KubeError as err:
             out.errors.append(err.message)
         else:

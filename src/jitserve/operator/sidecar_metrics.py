@@ -107,8 +107,7 @@ def goodput_rate(
         if t1 <= t0:
             continue
         seen = True
-        delta = v1 - v0 if v1 >= v0 else v1
-        rate += delta / (t1 - t0)
+        rate += increase({target: v1}, {target: v0})[target] / (t1 - t0)
     return round(rate, 3) if seen else None
 
 
