@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -256,3 +258,31 @@ def test_estimators_refine_and_never_undercut_generated() -> None:
     mean = MeanEstimator(prior_tokens=100)
     mean.observe(r, 300)
     assert mean.bound(r, 0) == 200
+
+
+def test_over_share_tenants_running_work_gives_way_to_an_under_share_request_out_of_pace(
+) -> None:
+    """With f > 0, a running request of a tenant below its share that needs tokens faster
+    than decoding alone gives makes the over-share tenant's running requests give way:
+    the largest context first, ceil(f x 2) per frame; none at f = 0 or when pacing can
+    still meet the need, and never a request that may not be preempted."""
+    def plan(weight: float, tbt_s: float, pinned: bool = False) -> list[str]:
+        gmax = GMAX(load_policy({"fairness": {"weight": weight}}))
+        gmax.fair.books.asked.update({"hog": 1000.0, "meek": 1000.0})
+        gmax.fair.books.served.update({"hog": 1000.0, "meek": 10.0})
+        hogs = [live(f"hog-{n}", tenant="hog", prompt=n, output=500, slo=DeadlineSLO(1000),
+                     running=True) for n in (1000, 5000, 3000)]
+        hogs[1].req = dataclasses.replace(hogs[1].req, preemptible=not pinned)
+        meek = live("meek", tenant="meek", prompt=10, output=100, generated=5,
+                    slo=LatencySLO(10.0, tbt_s), running=True)
+        running = [*hogs, meek]
+        # decoding alone: 10 ms per running request, 40 ms for these four
+        engine = EngineView(0.0, 8, running, decode_step_s=0.04, prefill_s_per_token=1e-4,
+                            token_s=0.01)
+        return [r.req.request_id for r in gmax.frame(engine).preempt]
+
+    assert plan(1.0, tbt_s=0.02) == ["hog-5000", "hog-3000"]
+    assert plan(0.5, tbt_s=0.02) == ["hog-5000"]
+    assert plan(1.0, tbt_s=0.02, pinned=True) == ["hog-3000", "hog-1000"]
+    assert plan(0.0, tbt_s=0.02) == []
+    assert plan(1.0, tbt_s=0.1) == []  # 100 ms a token: pacing's to keep, not preemption's

@@ -28,6 +28,11 @@ class Speeds:
     z_q: float = 1.645
     """Standard normal quantile of the length bound's level q."""
 
+    def decode_only_s(self, running: int) -> float:
+        """The fastest step ``running`` requests can have: decoding alone, no prompt
+        chunk (a per-token need below it is one prefill pacing cannot meet)."""
+        return self.token_s * running
+
 
 @dataclass(slots=True)
 class RowSpeeds:

@@ -63,7 +63,7 @@ class PrefillPacer:
         needs = frame.scores.need_s[:first][frame.scores.gain[:first] > 0]
         # a need below the fastest step pacing can give (decoding alone) cannot be met by
         # pacing: it is not protected
-        floor_s = frame.speeds.token_s * first
+        floor_s = frame.speeds.decode_only_s(first)
         self.on_frame(frame.now_s, needs[np.isfinite(needs) & (needs > floor_s)],
                       frame.view.decode_step_s)
 

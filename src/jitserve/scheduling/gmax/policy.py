@@ -39,7 +39,7 @@ class GMAX(StagedPolicy):
         self.scorer = Score(self.fair)
         self.group = GroupFilter(seed)
         self.sequencer = Sequencer(self.fair)
-        self.preemptor = Preemptor()
+        self.preemptor = Preemptor(self.fair)
         self.pacer: PrefillPacer | None = None
         self.configure(spec or SLOPolicySpec())
 
