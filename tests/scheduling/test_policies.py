@@ -286,3 +286,29 @@ def test_over_share_tenants_running_work_gives_way_to_an_under_share_request_out
     assert plan(1.0, tbt_s=0.02, pinned=True) == ["hog-3000", "hog-1000"]
     assert plan(0.0, tbt_s=0.02) == []
     assert plan(1.0, tbt_s=0.1) == []  # 100 ms a token: pacing's to keep, not preemption's
+
+
+def test_an_under_share_tenants_waiting_request_is_kept_past_the_max_wait() -> None:
+    """With f > 0 the fair order plans to serve the tenants below their share: their
+    waiting requests that can still earn are not given up for waiting past
+    maxWaitingSeconds (at f = 0 one left out of the group is). "meek" is below its share:
+    "hog" was served, it was not."""
+    def retired(weight: float) -> list[str]:
+        gmax = make_policy(load_policy({"fairness": {"weight": weight},
+                                        "scheduler": {"cutoff": {"mode": "fixed", "value": 1.0}}}),
+                           name="gmax")
+        assert isinstance(gmax, GMAX)
+        gmax.fair.books.asked["hog"] = gmax.fair.books.served["hog"] = 1000.0
+        stale = live("stale", tenant="meek", arrival=0.0, prompt=10, output=1000,
+                     slo=DeadlineSLO(100))
+        best = live("best", tenant="meek", arrival=9.0, prompt=2000, output=10,
+                    slo=DeadlineSLO(100))
+        hog = live("hog", tenant="hog", arrival=9.0, prompt=2000, output=10,
+                   slo=DeadlineSLO(100))
+        for r in (stale, best, hog):
+            gmax.enqueue(r, 9.0)
+        plan = gmax.frame(view([], batch=1, now=10.0))
+        return [r.request.req.request_id for r in plan.retire]
+
+    assert retired(0.0) == ["stale"]
+    assert retired(1.0) == []

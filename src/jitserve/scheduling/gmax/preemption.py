@@ -30,12 +30,10 @@ import numpy as np
 from jitserve.policy import PreemptionSettings, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.scoring import FairShare
+from jitserve.scheduling.gmax.scoring import AT_SHARE, FairShare
 
 FAIR_PER_FRAME = 2
 """At f = 1, the over-share requests preempted per frame for an under-share one's pace."""
-AT_SHARE = 0.5
-"""A tenant's claim at exactly its fair share (:func:`jitserve.fairshare.fair_claims`)."""
 
 
 class Preemptor:

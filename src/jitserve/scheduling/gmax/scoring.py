@@ -30,6 +30,11 @@ FAIR_TIE = 0.01
 """Weight of the goodput priority inside the fair-share term (orders a tenant's requests)."""
 
 
+AT_SHARE = 0.5
+"""A tenant's claim at exactly its fair share (:func:`jitserve.fairshare.fair_claims`):
+above it, the tenant is below its share."""
+
+
 class FairShare:
     """The scorer's fairness blend: each tenant's claim on its max-min share of the
     (decayed) service, scaled by twice the median live priority."""

@@ -5,7 +5,11 @@ fair-share order (urgency is a claim on your own share: positions in each order 
 ``1 - f`` and ``f``, the blend's scale kept between frames for arrivals); the members
 that would start too late leave the group (:func:`admit_feasible`). It writes the
 waiting requests' queue keys (members by start order, everyone else after them by
-priority) and names the members as what the policy keeps (``frame.keep``).
+priority) and names the members as what the policy keeps (``frame.keep``). With f > 0 it
+keeps the waiting requests of the tenants below their share that can still earn, too: the
+fair order plans to serve them, and overload control's max-wait rule retiring a compound
+call outside the group ended its whole program (issue 27: at f = 1 and load 1.5 the small
+tenants lost 5-6% of their programs so, docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.scoring import FairShare
+from jitserve.scheduling.gmax.scoring import AT_SHARE, FairShare
 from jitserve.scheduling.scores import Scores
 
 FloatArray = npt.NDArray[np.float64]
@@ -58,6 +62,10 @@ class Sequencer:
         queue = frame.queue
         queue.set_keys(group_key(priority, keys, chosen)[first:])
         frame.keep.update(queue.rows[i] for i in np.flatnonzero(chosen[first:]).tolist())
+        if self.fair.f > 0:
+            under = self.fair.claim_of(frame.live.tenant[first:]) > AT_SHARE
+            owed = under & ~frame.hopeless[first:]
+            frame.keep.update(queue.rows[i] for i in np.flatnonzero(owed).tolist())
 
     def admits(self, priority: float, latest_start_s: float, now_s: float) -> bool:
         """Would an arrival with ``priority`` and this latest start join the group now:
