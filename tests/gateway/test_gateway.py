@@ -88,9 +88,11 @@ def test_requests_land_where_the_placer_chose_and_stream_through(
     wait_until(f"the gateway to count {expected}", lambda: [metric(
         st.gateway.metrics(), "jitserve_gateway_requests_total", replica=r, outcome="ok")
         for r in order] == expected, tolerate=(KeyError,))
-    text = st.gateway.metrics()
-    assert metric(text, "jitserve_gateway_replicas", state="ready") == 2
-    assert metric(text, "jitserve_gateway_placement_seconds_count") == 4
+    # a busy machine can take both out of the picks for a moment (a late engine scrape):
+    # what counts is that they come back, not that they never left
+    wait_until("both replicas back in the gateway's picks", lambda: metric(
+        st.gateway.metrics(), "jitserve_gateway_replicas", state="ready") == 2)
+    assert metric(st.gateway.metrics(), "jitserve_gateway_placement_seconds_count") == 4
 
 
 def test_non_streamed_chat_and_other_routes_pass_through(
