@@ -30,7 +30,7 @@ import numpy as np
 from jitserve.policy import PreemptionSettings, SLOPolicySpec
 from jitserve.requests import LiveRequest
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.scoring import AT_SHARE, FairShare
+from jitserve.scheduling.gmax.scoring import FairShare
 
 FAIR_PER_FRAME = 2
 """At f = 1, the over-share requests preempted per frame for an under-share one's pace."""
@@ -91,15 +91,15 @@ class Preemptor:
             return []
         if frame.scores is None or frame.speeds is None:
             return []
-        claims = fair.claim_of(frame.live.tenant[:first])
-        need = frame.scores.need_s[:first]
-        too_fast = need < frame.speeds.decode_only_s(first)
-        starved = (claims > AT_SHARE) & (frame.scores.gain[:first] > 0) & too_fast
+        tenant = frame.live.tenant[:first]
+        too_fast = frame.scores.need_s[:first] < frame.speeds.decode_only_s(first)
+        starved = fair.below_share(tenant) & (frame.scores.gain[:first] > 0) & too_fast
         if not starved.any():
             return []
         planned = set(frame.plan.preempt)
-        over = [r for r, claim in zip(frame.running, claims.tolist(), strict=True)
-                if claim < AT_SHARE and r.req.preemptible and r not in planned]
+        over = [r for r, above in zip(frame.running, fair.above_share(tenant).tolist(),
+                                      strict=True)
+                if above and r.req.preemptible and r not in planned]
         over.sort(key=lambda r: -r.context_tokens)
         room = max(self.settings.max_per_frame - len(planned), 0)
         return over[: min(math.ceil(fair.f * FAIR_PER_FRAME), room)]

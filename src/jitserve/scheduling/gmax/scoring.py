@@ -31,8 +31,7 @@ FAIR_TIE = 0.01
 
 
 AT_SHARE = 0.5
-"""A tenant's claim at exactly its fair share (:func:`jitserve.fairshare.fair_claims`):
-above it, the tenant is below its share."""
+"""A tenant's claim at exactly its fair share (:func:`jitserve.fairshare.fair_claims`)."""
 
 
 class FairShare:
@@ -74,6 +73,15 @@ class FairShare:
             claims = np.concatenate([claims, np.ones(int(tenant.max()) + 1 - claims.size)])
             self.claims = claims
         return claims[tenant]
+
+    def below_share(self, tenant: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per request (``tenant``: their codes): is its tenant below its fair share (a
+        claim above one half)? Read with f > 0: at f = 0 there are no claims."""
+        return self.claim_of(tenant) > AT_SHARE
+
+    def above_share(self, tenant: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per request: is its tenant above its fair share (a claim below one half)?"""
+        return self.claim_of(tenant) < AT_SHARE
 
     def blend(
         self,

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.scoring import AT_SHARE, FairShare
+from jitserve.scheduling.gmax.scoring import FairShare
 from jitserve.scheduling.scores import Scores
 
 FloatArray = npt.NDArray[np.float64]
@@ -63,8 +63,7 @@ class Sequencer:
         queue.set_keys(group_key(priority, keys, chosen)[first:])
         frame.keep.update(queue.rows[i] for i in np.flatnonzero(chosen[first:]).tolist())
         if self.fair.f > 0:
-            under = self.fair.claim_of(frame.live.tenant[first:]) > AT_SHARE
-            owed = under & ~frame.hopeless[first:]
+            owed = self.fair.below_share(frame.live.tenant[first:]) & ~frame.hopeless[first:]
             frame.keep.update(queue.rows[i] for i in np.flatnonzero(owed).tolist())
 
     def admits(self, priority: float, latest_start_s: float, now_s: float) -> bool:
