@@ -496,3 +496,19 @@ def test_the_f_gauge_shows_the_weight_in_effect() -> None:
     assert shown() == (0.0, 0.0)
     d.apply_spec(load_policy({"fairness": {"weight": 0.5}, "scheduler": {"policy": "edf-ac"}}))
     assert shown() == (0.0, 0.0)
+
+
+def test_a_scheduler_switched_back_to_is_the_one_that_ran_before() -> None:
+    """A hot reload from GMAX to another scheduler and back resumes the same GMAX (what it
+    learned, its cutoff's rewards and its pacer's rate, kept) under the settings now in
+    force; a scheduler that never ran here is built."""
+    d, _, _ = make_dispatcher(load_policy({}), batch=2)
+    gmax = d.lifecycle.policy
+    d.apply_spec(load_policy({"scheduler": {"policy": "edf-ac"}}))
+    edf = d.lifecycle.policy
+    assert edf is not gmax and edf.name == "edf-ac"
+    d.apply_spec(load_policy({"fairness": {"weight": 0.5}}))
+    assert d.lifecycle.policy is gmax
+    assert d.snapshot()["fairness_weight"] == 0.5
+    d.apply_spec(load_policy({"scheduler": {"policy": "sjf-ac"}}))
+    assert d.lifecycle.policy not in (gmax, edf) and d.lifecycle.policy.name == "sjf-ac"

@@ -12,6 +12,8 @@ from jitserve.bench.runner import Cell, run_one
 from jitserve.bench.variants import make_setup
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest, Phase, Program, Request
+from jitserve.scheduling.gmax import GMAX
+from jitserve.scheduling.gmax.cutoff import CutoffTuner
 from jitserve.scheduling.registry import make_policy
 from jitserve.serving.traffic import TrafficRecord
 from jitserve.sim.engine import Engine
@@ -87,6 +89,49 @@ def test_switching_policy_mid_run_loses_and_duplicates_no_request() -> None:
     assert switched > 10
     assert engine.live == 0
     assert engine.ledger.overall.requests == len(items)
+
+
+def test_a_switch_back_resumes_the_scheduler_as_the_replica_left_it() -> None:
+    """GMAX switched away from at overload and back is the same GMAX: the pacer's rate it
+    learned kept, nothing kept about the requests another scheduler ran meanwhile, and
+    every work item still has one outcome."""
+    profile = load_profile()
+    workload = replace(WORKLOAD, rate_per_s=2.0 * measure_capacity(profile, WORKLOAD), seed=4)
+    items = list(generate(workload))
+    setup = make_setup("gmax", SPEC)
+    engine = Engine(profile, setup.policy, setup.estimator, setup.stage_share)
+    gmax = engine.policy
+    assert isinstance(gmax, GMAX) and gmax.pacer is not None
+    third = len(items) // 3
+    for i, item in enumerate(items):
+        engine.advance_until(item.arrival_s)
+        if i == third:
+            rate = gmax.pacer.rate
+            assert engine.lifecycle.resumable("edf-ac", SPEC) is None  # never ran here
+            engine.switch_policy(make_policy(SPEC, name="edf-ac"))
+            assert not (gmax.kept.priority or gmax.kept.waited or gmax.queue.rows)
+        if i == 2 * third:
+            back = engine.lifecycle.resumable("gmax", SPEC)
+            assert back is gmax and gmax.pacer.rate == rate
+            engine.switch_policy(back)
+            assert engine.lifecycle.resumable("gmax", SPEC) is None  # taken off the shelf
+        engine.submit(item)
+    engine.advance_until(float("inf"))
+    assert engine.policy is gmax and engine.live == 0
+    assert engine.ledger.overall.requests == len(items)
+
+
+def test_a_cutoff_epoch_cut_by_another_scheduler_is_not_scored() -> None:
+    """The epoch under way when GMAX resumes is dropped: its frames were not all the
+    cutoff's. Unscored, the tuner stays on its value for a whole new epoch."""
+    tuner = CutoffTuner([0.5, 0.9], start=0.5, epoch_frames=2)
+    tuner.on_frame(0.0)
+    tuner.earned(100.0)
+    tuner.restart_epoch()
+    tuner.on_frame(60.0)
+    assert tuner.value == 0.5  # one frame into the new epoch, nothing scored yet
+    tuner.on_frame(61.0)
+    assert tuner.value == 0.9  # scored, it tries the candidate it has not yet
 
 
 def _cell(policy: str, spec: SLOPolicySpec = SPEC, load: float = 1.8) -> Cell:

@@ -19,7 +19,7 @@ Every policy here is built as a profile of stages over one frame
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -131,6 +131,16 @@ class Policy(ABC):
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         """``r`` left the engine (finished, retired or cancelled) having earned
         ``goodput_tokens``; the policy forgets what it kept about ``r``."""
+
+    def hand_over(self, running: Iterable[LiveRequest]) -> None:
+        """Another scheduler takes over (this one may be resumed later): forget what was
+        kept about the ``running`` requests, which it will see again only as running."""
+        return None
+
+    def resume(self, now_s: float) -> None:
+        """This scheduler takes over again after another ran: what it learned stays,
+        what measured its own frames (epochs, rate clocks) starts again at ``now_s``."""
+        return None
 
     def priority_of(self, r: LiveRequest) -> float:
         """The policy's current rank value of ``r`` (higher = served first): metrics and

@@ -13,6 +13,7 @@ arrival is keyed (:meth:`StagedPolicy.enqueue`) and which stages plan its frames
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterable
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveRequest
@@ -88,6 +89,10 @@ class StagedPolicy(Policy):
 
     def ahead_of(self, r: LiveRequest) -> int:
         return self.queue.ahead_of(r)
+
+    def hand_over(self, running: Iterable[LiveRequest]) -> None:
+        for r in running:
+            self.kept.forget(r)
 
     def on_finish(self, r: LiveRequest, goodput_tokens: float, now_s: float) -> None:
         self.kept.forget(r)

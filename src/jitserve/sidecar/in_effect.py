@@ -63,7 +63,9 @@ class InEffect:
         if name == self.name:
             lifecycle.policy.configure(running_spec(spec, name))
             return False
-        lifecycle.switch_policy(self.factory(running_spec(spec, name)), now_s)
+        running = running_spec(spec, name)
+        lifecycle.switch_policy(lifecycle.resumable(name, running) or self.factory(running),
+                                now_s)
         self._now_running(name)
         self.metrics.policy_switches.inc()
         return True

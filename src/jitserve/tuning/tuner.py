@@ -210,8 +210,9 @@ class AutoScheduler:
         self.comparisons.append(comparison)
         if comparison.choice != self.in_effect:
             self.switches.append((now_s, comparison.choice))
-            self.engine.switch_policy(make_policy(self.tuner.spec, self.tuner.seed,
-                                                  comparison.choice))
+            spec, name = self.tuner.spec, comparison.choice
+            self.engine.switch_policy(self.engine.lifecycle.resumable(name, spec)
+                                      or make_policy(spec, self.tuner.seed, name))
 
     def summary(self) -> dict[str, object]:
         """What the bench row says of the run: the switches, the time each policy was in

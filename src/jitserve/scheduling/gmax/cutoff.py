@@ -35,6 +35,11 @@ class CutoffTuner:
             self.value = start
         self.epoch_frames = epoch_frames
 
+    def restart_epoch(self) -> None:
+        """The epoch under way is dropped, not scored (its frames were not all the
+        cutoff's: another scheduler ran in between)."""
+        self._frames, self._earned, self._epoch_start_s = 0, 0.0, None
+
     def earned(self, tokens: float) -> None:
         self._earned += tokens
 

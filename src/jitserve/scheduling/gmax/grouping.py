@@ -59,6 +59,10 @@ class GroupFilter:
         assert self.tuner is not None
         self.tuner.earned(tokens)
 
+    def resume(self) -> None:
+        if self.tuner is not None:
+            self.tuner.restart_epoch()
+
     def run(self, frame: Frame) -> None:
         """A frame began (the tuner counts its epochs in frames): choose its group."""
         if self.fixed is None and self.enabled:

@@ -86,6 +86,12 @@ class PrefillPacer:
             if step_s < DECREASE * self.tau_s:
                 self.rate = math.inf
 
+    def resume(self) -> None:
+        """Its clocks start again (the bucket did not fill while another scheduler ran);
+        the rate it learned stays."""
+        self._bucket, self._last_s = 0.0, None
+        self._started_tokens, self._frame_start_s = 0.0, None
+
     def budget(self, now_s: float, head_tokens: int) -> float:
         """Prompt tokens that may start now (infinite when not pacing), the bucket topped
         up to a burst that always lets the queue head (``head_tokens``) through in time."""

@@ -114,6 +114,13 @@ class GMAX(StagedPolicy):
         live requests fit the batch), or, under overload, what the frame displaced."""
         return no_bar(max(self.group.threshold, self.sequencer.frontier))
 
+    def resume(self, now_s: float) -> None:
+        """The cutoff's epoch and the pacer's clocks start again: the time another
+        scheduler ran is not this one's (what they learned, rewards and rate, stays)."""
+        self.group.resume()
+        if self.pacer is not None:
+            self.pacer.resume()
+
     def describe(self) -> dict[str, float]:
         return {"cutoff": self.group.cutoff, "median_priority": self.scorer.median_priority,
                 "fairness_weight": self.fair.f}
