@@ -69,6 +69,15 @@ def test_the_record_rebuilds_a_window_from_the_past_only() -> None:
     assert record.window(70.0, 80.0) == [] and len(record) == 0  # forgotten past keep_s
 
 
+def test_the_record_keeps_when_a_request_arrived_not_when_the_engine_took_it() -> None:
+    record = TrafficRecord(keep_s=60.0)
+    r = _live(Request("x", "t", DeadlineSLO(20.0), 100, 5.0, output_tokens=40), 0, 40.0,
+              Phase.WAITING)
+    record.arrived(r, 5.3)  # the end of the step it came in
+    (item,) = record.window(4.0, 20.0)
+    assert item.arrival_s == pytest.approx(1.0)
+
+
 def test_switching_policy_mid_run_loses_and_duplicates_no_request() -> None:
     """Every work item has exactly one outcome though the policy changes every few
     arrivals, between chunked and prefill-first batching too."""

@@ -37,7 +37,10 @@ class TrafficRecord:
         return len(self._seen)
 
     def arrived(self, r: LiveRequest, now_s: float) -> None:
-        seen = _Seen(r, now_s)
+        # the request's own arrival time, not ``now_s``: the simulator's engine takes an
+        # arrival at the end of the step it came in, and a replay from then would give
+        # every candidate that wait as slack (in the sidecar the two are the same)
+        seen = _Seen(r, r.req.arrival_s)
         self._seen.append(seen)
         self._index[r] = seen
 
