@@ -288,6 +288,47 @@ def test_over_share_tenants_running_work_gives_way_to_an_under_share_request_out
     assert plan(1.0, tbt_s=0.1) == []  # 100 ms a token: pacing's to keep, not preemption's
 
 
+def test_over_share_tenants_start_nothing_while_the_batch_is_too_big_for_the_others(
+) -> None:
+    """With f > 0, while decoding the running batch alone (token_s a request) takes longer
+    than a request of a tenant at or below its share needs per token, the tenants above
+    their share start nothing new, the others still do. At f = 0, or once the batch is
+    small enough, every tenant starts as before."""
+    def startable(weight: float, tbt_s: float, running_hogs: int = 3,
+                  reload_to: float | None = None) -> list[str]:
+        gmax = GMAX(load_policy({"fairness": {"weight": weight},
+                                 "scheduler": {"mechanisms": {"preemption": False}}}))
+        gmax.fair.books.asked.update({"hog": 1000.0, "meek": 1000.0})
+        gmax.fair.books.served.update({"hog": 1000.0, "meek": 10.0})
+        running = [live(f"hog-{n}", tenant="hog", prompt=100, output=500, running=True,
+                        slo=DeadlineSLO(1000)) for n in range(running_hogs)]
+        running.append(live("meek-running", tenant="meek", prompt=10, output=100,
+                            generated=5, slo=LatencySLO(10.0, tbt_s), running=True))
+        for tenant in ("hog", "meek"):
+            gmax.enqueue(live(f"{tenant}-new", tenant=tenant, prompt=50, output=400,
+                              slo=DeadlineSLO(1000)), 0.0)
+        # decoding alone: 10 ms per running request
+        gmax.frame(EngineView(0.0, 8, running, decode_step_s=0.01 * len(running),
+                              prefill_s_per_token=1e-4, token_s=0.01))
+        if reload_to is not None:  # a hot reload between frames
+            gmax.configure(load_policy({"fairness": {"weight": reload_to}}))
+        started = []
+        while (r := gmax.pop_next(0.0, len(running))) is not None:
+            started.append(r.req.request_id)
+            running.append(r)
+        return sorted(started)
+
+    both = ["hog-new", "meek-new"]
+    assert startable(0.0, tbt_s=0.02) == both
+    assert startable(1.0, tbt_s=0.1) == both  # 5 and 6 x 10 ms meet 100 ms a token
+    assert startable(1.0, tbt_s=0.02) == ["meek-new"]  # 40 ms does not meet 20 ms
+    assert startable(0.5, tbt_s=0.02) == ["meek-new"]
+    # 30 ms a token: up to three running (one, then meek's: the hog's is the third)
+    assert startable(1.0, tbt_s=0.03, running_hogs=0) == both
+    assert startable(1.0, tbt_s=0.03, running_hogs=1) == ["meek-new"]
+    assert startable(1.0, tbt_s=0.02, reload_to=0.0) == both
+
+
 def test_an_under_share_tenants_waiting_request_is_kept_past_the_max_wait() -> None:
     """With f > 0 the fair order plans to serve the tenants below their share: their
     waiting requests that can still earn are not given up for waiting past

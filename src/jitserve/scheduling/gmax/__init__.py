@@ -3,7 +3,7 @@
 Read in this order: :mod:`.policy` (the profile and the arrival path), :mod:`.scoring`
 and :mod:`.priorities` (what a request is worth; the tenants' claims), :mod:`.grouping`
 (the group and the cutoff p), :mod:`.sequencing` (start order and feasibility),
-:mod:`.preemption`, :mod:`.pacing`; :mod:`.cutoff` learns p online.
+:mod:`.preemption`, :mod:`.pacing`, :mod:`.yielding` (f > 0); :mod:`.cutoff` learns p online.
 """
 
 from jitserve.scheduling.gmax.policy import GMAX

@@ -1,8 +1,8 @@
 """GMAX: Grouped Margin Goodput Maximization (JITServe paper section 4.2), the policy.
 
 A profile of stages (:mod:`~jitserve.scheduling.frame`) run at every frame over the
-waiting table and the running set (DESIGN.md "GMAX scheduler"): score -> pace -> group ->
-sequence -> preempt, selected by ``scheduler.mechanisms`` (an ablation leaves a stage
+waiting table and the running set (DESIGN.md "GMAX scheduler"): score -> pace -> yield ->
+group -> sequence -> preempt, selected by ``scheduler.mechanisms`` (an ablation leaves a stage
 out or plain). Overload control is two stages around these, shared with the ``-ac``
 baselines (:mod:`~jitserve.scheduling.overload`). Between frames the queue is ordered by
 the last computed key, and an arrival is scored alone (admission stays cheap).
@@ -21,6 +21,7 @@ from jitserve.scheduling.gmax.pacing import PrefillPacer
 from jitserve.scheduling.gmax.preemption import Preemptor
 from jitserve.scheduling.gmax.scoring import FairShare, Score
 from jitserve.scheduling.gmax.sequencing import Sequencer, group_key
+from jitserve.scheduling.gmax.yielding import FairYield
 from jitserve.scheduling.overload import OverloadControl
 from jitserve.scheduling.staged import StagedPolicy
 from jitserve.scheduling.table import one_row
@@ -40,17 +41,19 @@ class GMAX(StagedPolicy):
         self.group = GroupFilter(seed)
         self.sequencer = Sequencer(self.fair)
         self.preemptor = Preemptor(self.fair)
+        self.yielder = FairYield(self.fair)
         self.pacer: PrefillPacer | None = None
         self.configure(spec or SLOPolicySpec())
 
     def profile(self, spec: SLOPolicySpec) -> list[Stage]:
-        """The stages ``scheduler.mechanisms`` selects (the pacer keeps its rate across a
-        reload that keeps it)."""
+        """The stages ``scheduler.mechanisms`` selects, the fair yield with f > 0 (the
+        pacer keeps its rate across a reload that keeps it)."""
         m = spec.scheduler.mechanisms
         self.pacer = (self.pacer or PrefillPacer(self.fair)) if m.prefill_pacing else None
         pace = [self.pacer] if self.pacer is not None else []
         preempt = [self.preemptor] if m.preemption and spec.scheduler.preemption.enabled else []
-        return [self.scorer, *pace, self.group, self.sequencer, *preempt]
+        fair = [self.yielder] if m.fairness and spec.fairness.weight > 0 else []
+        return [self.scorer, *pace, *fair, self.group, self.sequencer, *preempt]
 
     # ---- between frames ---------------------------------------------------------------
     def enqueue(self, r: LiveRequest, now_s: float) -> None:
@@ -76,17 +79,20 @@ class GMAX(StagedPolicy):
         )
 
     def peek_next(self, now_s: float, running: int) -> LiveRequest | None:
-        """The queue head; when the pacer holds it back, the first request in queue order
-        whose prompt fits what the pacer allows now (None if none does)."""
+        """The queue head, among the requests the fair yield lets start; when the pacer
+        holds it back, the first of them in queue order whose prompt fits what the pacer
+        allows now (None if none does)."""
         queue = self.queue
-        head = queue.best_row()
+        allowed = self.yielder.may_start(queue.ints("tenant"), running)
+        head = queue.best_row(allowed)
         if head is None or self.pacer is None or running == 0:
             return None if head is None else queue.rows[head]
         prompts = queue.floats("prefill_left")
         budget = self.pacer.budget(now_s, int(prompts[head]))
         if prompts[head] <= budget:
             return queue.rows[head]
-        row = queue.best_row(prompts <= budget)
+        fits = prompts <= budget
+        row = queue.best_row(fits if allowed is None else fits & allowed)
         return None if row is None else queue.rows[row]
 
     def pop_next(self, now_s: float, running: int) -> LiveRequest | None:
