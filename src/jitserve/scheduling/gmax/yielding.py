@@ -15,8 +15,8 @@ the over-share tenants' running work give way, this one keeps them from refillin
 batch. At f = 1 the need protected is the tightest, with smaller f a low quantile of the
 needs, as the pacer's (:mod:`~jitserve.scheduling.gmax.pacing`). Measured on validation windows
 1-64 at f = 1 (docs/scheduling.md, "f against max-min fair shares"): the gap to the
-tenants' max-min shares closed at load 1.5 went from 72-76% to 80-82% (mean of two sets
-of 32 windows), at 2.0 from 91-93% to 97-99%.
+tenants' max-min shares closed at load 1.5 went from 72-76% to 80-83% (the mean of two
+sets of 32 windows), at 2.0 from 90-93% to 97-105%.
 """
 
 from __future__ import annotations
