@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -310,6 +311,8 @@ def test_over_share_tenants_start_nothing_while_the_batch_is_too_big_for_the_oth
         # decoding alone: 10 ms per running request
         gmax.frame(EngineView(0.0, 8, running, decode_step_s=0.01 * len(running),
                               prefill_s_per_token=1e-4, token_s=0.01))
+        shown = gmax.describe().get("fair_yield_batch")
+        assert shown == (None if weight == 0 else pytest.approx(tbt_s / 0.01))
         if reload_to is not None:  # a hot reload between frames
             gmax.configure(load_policy({"fairness": {"weight": reload_to}}))
         started = []

@@ -10,6 +10,8 @@ the last computed key, and an arrival is scored alone (admission stays cheap).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from jitserve.goodput import goodput_if_met
@@ -128,8 +130,12 @@ class GMAX(StagedPolicy):
             self.pacer.resume()
 
     def describe(self) -> dict[str, float]:
-        return {"cutoff": self.group.cutoff, "median_priority": self.scorer.median_priority,
-                "fairness_weight": self.fair.f}
+        figures = {"cutoff": self.group.cutoff, "median_priority": self.scorer.median_priority,
+                   "fairness_weight": self.fair.f}
+        if self.fair.f > 0 and math.isfinite(self.yielder.batch):
+            # the running requests at which the tenants above their share wait
+            figures["fair_yield_batch"] = self.yielder.batch
+        return figures
 
 
 def _worth(r: LiveRequest) -> float:
