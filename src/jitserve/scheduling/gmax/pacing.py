@@ -38,6 +38,13 @@ TAU_QUANTILE = 0.1
 so one outlier does not stop admissions; ``(1 - f)`` times it with fairness weight f."""
 
 
+def protected_need(needs: npt.NDArray[np.float64], f: float) -> float:
+    """The per-token need GMAX protects among ``needs`` (non-empty) with fairness weight
+    ``f``: the ``(1 - f) x TAU_QUANTILE`` quantile, the tightest at f = 1. The pacer's and
+    the fair yield's (:mod:`~jitserve.scheduling.gmax.yielding`)."""
+    return float(np.quantile(needs, (1 - f) * TAU_QUANTILE))
+
+
 class PrefillPacer:
     name = "pace"
 
@@ -77,7 +84,7 @@ class PrefillPacer:
             self.rate, self.tau_s = math.inf, math.inf
             return
         f = self.fair.f if self.fair is not None else 0.0
-        self.tau_s = float(np.quantile(savable, (1 - f) * TAU_QUANTILE))
+        self.tau_s = protected_need(savable, f)
         if step_s > self.tau_s:
             base = self.rate if math.isfinite(self.rate) else admitted_rate
             self.rate = DECREASE * base if math.isfinite(base) else 0.0

@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from jitserve.policy import SLOPolicySpec
 from jitserve.scheduling.frame import Frame
-from jitserve.scheduling.gmax.pacing import TAU_QUANTILE
+from jitserve.scheduling.gmax.pacing import protected_need
 from jitserve.scheduling.gmax.scoring import FairShare
 
 
@@ -37,17 +37,15 @@ class FairYield:
 
     def __init__(self, fair: FairShare) -> None:
         self.fair = fair
-        self.need_s = math.inf
-        """The per-token need protected at the last frame (inf: none)."""
         self.batch = math.inf
-        """The running requests whose decode-only step meets that need: at or beyond it
-        the tenants above their share wait."""
+        """The running requests whose decode-only step meets the need protected at the
+        last frame (inf: none): at or beyond it the tenants above their share wait."""
 
     def configure(self, spec: SLOPolicySpec) -> None:
         pass
 
     def run(self, frame: Frame) -> None:
-        self.need_s, self.batch = math.inf, math.inf
+        self.batch = math.inf
         f = self.fair.f
         if f <= 0 or frame.scores is None or frame.live is None or frame.speeds is None:
             return
@@ -57,8 +55,7 @@ class FairYield:
         needs = needs[np.isfinite(needs) & (needs > 0)]
         if needs.size == 0:
             return
-        self.need_s = float(np.quantile(needs, (1 - f) * TAU_QUANTILE))
-        self.batch = self.need_s / max(frame.speeds.token_s, 1e-9)
+        self.batch = protected_need(needs, f) / max(frame.speeds.token_s, 1e-9)
 
     def may_start(
         self, tenant: npt.NDArray[np.int64], running: int
