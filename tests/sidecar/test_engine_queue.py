@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from jitserve.bench.live import stream_completion
+from jitserve.devstack import vllm as vl
 from tests.support.http import get_text, metric, metric_total
 from tests.support.sidecar import SidecarProcess, wait_backend_idle
 from tests.support.waiting import body_timeout, wait_until
@@ -73,10 +74,14 @@ class EndedEarly(AssertionError):
     """A request ended while the test looked: a failure unless vLLM had run it whole."""
 
 
-async def _until(check: Callable[[], bool], what: str, tasks: list[asyncio.Task[Any]]) -> None:
+async def _until(check: Callable[[], bool], what: str, tasks: list[asyncio.Task[Any]],
+                 log: Path) -> None:
     deadline = time.monotonic() + BOUND_S
     while not check():
         failed = [t for t in tasks if t.done()]
+        if failed and failed[0].exception() is not None:
+            raise AssertionError(f"a request failed while waiting for {what}; the sidecar's "
+                                 f"log ends:\n{vl.tail(log)}") from failed[0].exception()
         if failed:
             raise EndedEarly(f"a request ended while waiting for {what}: {failed[0].result()}")
         assert time.monotonic() < deadline, f"no {what} within {BOUND_S:.0f} s"
@@ -99,7 +104,8 @@ def test_vllm_waiting_queue_is_fed_while_the_sidecar_holds_requests(
                         for _ in range(SLOTS)]
             queued: list[asyncio.Task[Any]] = []
             try:
-                await _until(lambda: _vllm(vllm_url)[0] == SLOTS, "full vLLM batch", blockers)
+                await _until(lambda: _vllm(vllm_url)[0] == SLOTS, "full vLLM batch", blockers,
+                             sidecar.log_path)
                 queued = [asyncio.create_task(stream_completion(session, sidecar.url, body))
                           for _ in range(QUEUED)]
                 everything = blockers + queued
@@ -111,7 +117,7 @@ def test_vllm_waiting_queue_is_fed_while_the_sidecar_holds_requests(
                             and s["waiting"] == QUEUED - ENGINE_QUEUE
                             and _vllm(vllm_url) == (SLOTS, ENGINE_QUEUE))
 
-                await _until(steady, "vLLM waiting = engine queue", everything)
+                await _until(steady, "vLLM waiting = engine queue", everything, sidecar.log_path)
                 samples.append((state()["waiting"], _vllm(vllm_url)[1]))
 
                 # 2. free FREED slots (client disconnect aborts the vLLM request): vLLM

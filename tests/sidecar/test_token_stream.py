@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 import pytest
+import uvloop
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +35,11 @@ class HangsUpFirst:
         self.requests = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:  # a connect given up before it sent anything
+            writer.close()
+            return
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length")))
         await reader.readexactly(length)
@@ -148,6 +154,40 @@ def test_a_stream_that_goes_silent_after_tokens_is_stalled() -> None:
 
     ids, error = asyncio.run(scenario())
     assert ids == [7] and isinstance(error, BackendStalled)
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+@pytest.mark.parametrize("turns", [1, 2, 3])
+def test_a_connect_whose_timer_fired_as_it_connected_sends_the_request_once(
+        run: Any, turns: int) -> None:
+    """A starved event loop (here: blocked on purpose, ``turns`` loop turns into the
+    connect) finds the connect's timer expired and the connection made at once. The
+    attempt is given up and tried again; the given-up socket must not carry the request
+    too (vLLM would run it twice) nor feed this stream its bytes or its close."""
+    async def scenario() -> tuple[int, list[int], Exception | None]:
+        fake = HangsUpFirst(hang_ups=0)
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        try:
+            heard = Heard()
+            stream = TokenStream(heard, b"POST /v1/completions HTTP/1.1\r\n"
+                                 b"Content-Length: 2\r\n\r\n{}", stall_timeout_s=30)
+            stream.open("127.0.0.1", server.sockets[0].getsockname()[1], 0.1)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            time.sleep(0.5)  # the loop starved past the connect timeout
+            error = await asyncio.wait_for(heard.ended, 30)
+            await asyncio.sleep(0.2)  # a second request, if sent, has reached the fake
+            return fake.requests, heard.ids, error
+        finally:
+            server.close()
+
+    requests, ids, error = run(scenario())
+    assert requests <= 1
+    if error is None:
+        assert requests == 1 and ids == [7, 8]
+    else:  # every try starved too (a very busy machine): nothing sent, nothing heard
+        assert isinstance(error, BackendUnavailable) and "no connection" in str(error)
+        assert requests == 0 and ids == []
 
 
 def _timing_out_connects(backend: VLLMBackend, failures: int) -> list[int]:

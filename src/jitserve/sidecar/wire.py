@@ -23,8 +23,10 @@ and calls nothing back: vLLM aborts the request on the disconnect.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import socket
 from typing import Any, Protocol, cast
 
 import orjson
@@ -41,8 +43,9 @@ from jitserve.sidecar.upstream import (
 log = logging.getLogger("jitserve.sidecar")
 
 CONNECT_TRIES = 3
-"""Connects tried per dispatch when one times out (nothing was sent: on a starved
-machine the connect's timer can fire before the loop sees the connection made)."""
+"""Connects tried per dispatch when one times out (on a starved machine the connect's
+timer can fire before the loop sees the connection made). Only the socket is tried again:
+the request is written once, on the socket that connected."""
 
 MAX_HEAD_BYTES = 64 * 1024
 
@@ -93,20 +96,55 @@ class TokenStream(asyncio.Protocol):
         self.connecting = self.loop.create_task(self._connect(host, port, connect_timeout_s))
 
     async def _connect(self, host: str, port: int, timeout_s: float) -> None:
+        """Connect a socket (tried again on a timeout), then attach this protocol to it
+        once: an attempt that timed out never had the protocol, so its late connection
+        cannot write the request a second time or feed this stream another's bytes."""
+        try:
+            family, address = await self._resolve(host, port)
+        except OSError as err:
+            self._end(BackendUnavailable(f"cannot resolve the model backend {host}: {err}"))
+            return
         for attempt in range(CONNECT_TRIES):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
                 async with asyncio.timeout(timeout_s):
-                    await self.loop.create_connection(lambda: self, host, port)
-                return
+                    await self.loop.sock_connect(sock, address)
             except TimeoutError:
+                sock.close()
                 if attempt + 1 < CONNECT_TRIES:
                     log.info("no connection to %s:%d within %g s; trying again", host, port,
                              timeout_s)
+                continue
             except OSError as err:  # refused, unreachable: down, not slow
+                sock.close()
                 self._end(BackendUnavailable(f"cannot connect to the model backend: {err}"))
                 return
+            except asyncio.CancelledError:  # abort()
+                sock.close()
+                raise
+            try:
+                await self.loop.create_connection(lambda: self, sock=sock)
+            except OSError as err:
+                sock.close()
+                self._end(BackendUnavailable(f"cannot connect to the model backend: {err}"))
+            return
         self._end(BackendUnavailable(f"no connection to the model backend within "
                                      f"{timeout_s:g} s"))
+
+    async def _resolve(self, host: str, port: int) -> tuple[int, tuple[Any, ...]]:
+        """The address to connect to: an IP literal (the pod's own vLLM) as it is, a name
+        through the resolver (the first address, as a plain connect would take)."""
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            if not infos:
+                raise OSError(f"no address for {host}") from None
+            family, _, _, _, address = infos[0]
+            return family, address
+        return (socket.AF_INET6, (host, port, 0, 0)) if ip.version == 6 else (
+            socket.AF_INET, (host, port))
 
     def abort(self) -> None:
         """Drop the stream and tell no one (the dispatcher ended it: preempted, cancelled)."""
