@@ -16,12 +16,23 @@ another's prefix cache) and simulated on the measured profile. Prints and writes
 live mean and spread over the rounds, the simulator's figure and its ratio to live, and
 whether every pair of policies whose live gap exceeds twice the live noise is ordered
 the same by the simulator.
+
+The simulator runs twice: as the stack runs (``sim``) and as the engine alone with an
+in-engine scheduler would (``in-engine``: the policy picks at the step a slot frees, no
+time outside the engine: the simulator's defaults). As the stack runs means two things
+measured on the stack, not fitted to the table: the sidecar's engine queue (read from its
+``/debug/scheduler``: requests dispatched beyond the slots wait in vLLM in dispatch
+order) and the stack's fixed path per call (``--path-requests`` lone requests through the
+stack, before any round: their median time to first token less the profile's step for
+their prompt). ``--live-from`` reuses the live rounds of an earlier run's
+``sim_vs_live.json`` (the path is measured again, on the stack at ``--url``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import statistics
@@ -33,6 +44,7 @@ from jitserve.bench import live as live_bench
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.live import live_row, live_spec, run_live, scheduler_state, switch_policy
 from jitserve.bench.runner import Cell, run_one
+from jitserve.bench.stream import stream_completion
 from jitserve.policy import SLOPolicySpec
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import generate
@@ -69,6 +81,45 @@ async def live_rounds(args: argparse.Namespace, load: float, spec: Any,
     return out
 
 
+def simulated(cell: Cell, engine_queue: int, path_s: float) -> dict[str, float]:
+    overrides = (("engine_queue", engine_queue), ("request_path_s", path_s))
+    return flat(run_one(dataclasses.replace(cell, profile_overrides=overrides)))
+
+
+async def lone_ttfts(url: str, n: int, prompt_tokens: int) -> list[float]:
+    """Time to first token of ``n`` requests sent one at a time (fresh random prompts, so
+    none reads another's prefix cache), each after the last has ended."""
+    import random
+
+    import aiohttp
+
+    rng = random.Random(time.time_ns())
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(n):
+            body = {"prompt": [rng.randrange(10, 1000) for _ in range(prompt_tokens)],
+                    "max_tokens": 2, "ignore_eos": True}
+            result = await stream_completion(session, url, body)
+            if result.status != 200 or not result.token_times:
+                raise SystemExit(f"a lone request to {url} failed: {result.error}")
+            out.append(result.token_times[0] - result.start_s)
+    return out
+
+
+def live_engine_queue(url: str) -> int:
+    """The live sidecar's engine queue (its ``/debug/scheduler``)."""
+    import aiohttp
+
+    async def read() -> dict[str, Any] | None:
+        async with aiohttp.ClientSession() as session:
+            return await scheduler_state(session, url)
+
+    state = asyncio.run(read())
+    if not state or "engine_queue" not in state:
+        raise SystemExit(f"no engine_queue in {url}/debug/scheduler: pass --engine-queue")
+    return int(state["engine_queue"])
+
+
 def pairs_ordered(live: dict[str, list[dict[str, float]]], sim: dict[str, dict[str, float]],
                   metric: str) -> list[dict[str, Any]]:
     """Each pair whose live gap exceeds twice the live noise (the larger of the two
@@ -98,6 +149,13 @@ def main() -> int:
     p.add_argument("--mix", default="1:1:1")
     p.add_argument("--trace", default="azure-conv")
     p.add_argument("--out", type=Path, default=Path("sim-vs-live"))
+    p.add_argument("--live-from", type=Path, default=None,
+                   help="an earlier run's sim_vs_live.json: its live rounds, not new ones")
+    p.add_argument("--engine-queue", type=int, default=None,
+                   help="the sidecar's engine queue (default: read from --url)")
+    p.add_argument("--path-requests", type=int, default=30,
+                   help="lone requests that measure the stack's path")
+    p.add_argument("--path-prompt", type=int, default=64, help="their prompt tokens")
     args = p.parse_args()
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     profile = load_profile(args.profile)
@@ -105,14 +163,28 @@ def main() -> int:
     base = live_spec(args.duration, 1.0, args.seed, args.mix, args.trace)
     capacity = measure_capacity(profile, base)
     print(f"simulator capacity of {profile.name}: {capacity:.2f} work items/s", flush=True)
+    earlier = ({r["load"]: r["live"] for r in json.loads(args.live_from.read_text())}
+               if args.live_from else {})
+    queue = args.engine_queue if args.engine_queue is not None else live_engine_queue(args.url)
+    lone = asyncio.run(lone_ttfts(args.url, args.path_requests, args.path_prompt))
+    engine_s = profile.step_s(args.path_prompt, args.path_prompt ** 2 / 2, 0, 0, 1)
+    path = max(0.0, statistics.median(lone) - engine_s)
+    print(f"the sidecar's engine queue: {queue}; lone requests' time to first token: median "
+          f"{statistics.median(lone) * 1e3:.2f} ms, the profile's step "
+          f"{engine_s * 1e3:.2f} ms: the stack's path {path * 1e3:.2f} ms", flush=True)
     results: list[dict[str, Any]] = []
     for load in (float(x) for x in args.loads.split(",")):
         spec = live_spec(args.duration, load * capacity, args.seed, args.mix, args.trace)
-        sim = {policy: flat(run_one(Cell(policy, load, args.seed, spec, capacity, args.profile,
-                                         SLOPolicySpec())))
-               for policy in policies}
-        live = asyncio.run(live_rounds(args, load, spec, policies))
-        results.append({"load": load, "rate": load * capacity, "sim": sim, "live": live,
+        sim = {policy: simulated(Cell(policy, load, args.seed, spec, capacity, args.profile,
+                                      SLOPolicySpec()), queue, path) for policy in policies}
+        in_engine = {policy: simulated(Cell(policy, load, args.seed, spec, capacity,
+                                            args.profile, SLOPolicySpec()), 0, 0.0)
+                     for policy in policies}
+        live = earlier[load] if load in earlier else asyncio.run(
+            live_rounds(args, load, spec, policies))
+        results.append({"load": load, "rate": load * capacity, "engine_queue": queue,
+                        "path_s": path, "lone_ttft_s": lone,
+                        "sim": sim, "in_engine": in_engine, "live": live,
                         "pairs": {m: pairs_ordered(live, sim, m) for m in METRICS[:2]}})
         (args.out / "sim_vs_live.json").write_text(json.dumps(results, indent=2))
     print(markdown(results))
@@ -131,10 +203,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 values = [row[metric] for row in rows]
                 mean = statistics.mean(values)
                 sd = statistics.stdev(values) if len(values) > 1 else 0.0
-                ratio = r["sim"][policy][metric] / mean if mean else float("nan")
+                ratios = [r[side][policy][metric] / mean if mean else float("nan")
+                          for side in ("sim", "in_engine")]
                 shown = f"{mean:.3g} ({sd:.2g})" if metric in METRICS[:2] else f"{mean:.3g}"
-                cells += [shown, f"{ratio:.2f}"]
+                cells += [shown, f"{ratios[0]:.2f} ({ratios[1]:.2f})"]
             lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if results:
+        lines.append(f"sim / live: the simulator as the stack runs (engine queue "
+                     f"{results[0]['engine_queue']}, path {results[0]['path_s'] * 1e3:.1f} ms); "
+                     "in brackets the engine alone with an in-engine scheduler.")
     lines.append("")
     for r in results:
         for metric, pairs in r["pairs"].items():

@@ -98,11 +98,13 @@ def test_bench_reports_the_bound_and_honours_engine_limits(
     assert set(rows["gmax"]["goodput_tokens_by_tenant"]) <= {"a", "b", "c"}
 
 
+@pytest.mark.parametrize("flag", ["--budget", "--engine-queue"])
 def test_bench_rejects_bad_engine_limits(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--budget", "0", "--jobs", "1", "--out", str(tmp_path)]) == 2
-    assert "--budget" in capsys.readouterr().err
+    bad = "0" if flag == "--budget" else "-1"
+    assert main(["bench", flag, bad, "--jobs", "1", "--out", str(tmp_path)]) == 2
+    assert flag in capsys.readouterr().err
 
 
 def test_matrix_writes_table_json_and_heatmap(

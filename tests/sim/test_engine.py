@@ -21,10 +21,11 @@ POLICIES = ["gmax", "gmax-exact", "gmax-mean", "fcfs", "sarathi", "edf", "lsf", 
 
 
 def simulate(
-    items: list[Workitem], policy: str, **profile_overrides: int
+    items: list[Workitem], policy: str, spec: SLOPolicySpec | None = None,
+    **profile_overrides: float
 ) -> tuple[Engine, RecordingLedger]:
     profile = load_profile().model_copy(update=profile_overrides)
-    setup = make_setup(policy, SLOPolicySpec())
+    setup = make_setup(policy, spec or SLOPolicySpec())
     ledger = RecordingLedger()
     engine = Engine(profile, setup.policy, setup.estimator, setup.stage_share, ledger=ledger)
     engine.run(items)
@@ -65,10 +66,12 @@ def build_items(specs: list[tuple[int, int, str]], gaps: list[float]) -> list[Wo
     policy=st.sampled_from(POLICIES),
     kv=st.sampled_from([6000, 20000, 450000]),
     slots=st.sampled_from([2, 8, 256]),
+    queue=st.sampled_from([0, 0, 1, 4]),
 )
-def test_every_request_ends_once_with_all_its_tokens(specs, gaps, policy, kv, slots):  # type: ignore[no-untyped-def]
+def test_every_request_ends_once_with_all_its_tokens(specs, gaps, policy, kv, slots, queue):  # type: ignore[no-untyped-def]
     items = build_items(specs, gaps)
-    engine, ledger = simulate(items, policy, kv_capacity_tokens=kv, max_running=slots)
+    engine, ledger = simulate(items, policy, kv_capacity_tokens=kv, max_running=slots,
+                              engine_queue=queue)
     # one outcome per request or program: nothing lost, nothing served twice
     assert len(ledger.outcomes) == len(items)
     assert engine.live == 0 and engine.running == 0 and engine.policy.waiting() == 0
@@ -187,3 +190,39 @@ def test_bursty_arrivals_have_cv_above_one() -> None:
     gaps = np.diff(arrivals)
     assert gaps.std() / gaps.mean() > 1.5
     assert len(arrivals) / 2000 == pytest.approx(4.0, rel=0.1)
+
+
+@pytest.mark.parametrize("engine_queue", [0, 1])
+def test_a_request_in_the_engine_queue_keeps_its_place_in_line(engine_queue: int) -> None:
+    """One slot, a long request in it; b arrives, then c, a latency request LSF ranks
+    first, which preempts the long one. As an in-engine scheduler (engine queue 0) the
+    freed slot goes to c; through the sidecar's queue inside vLLM, b was dispatched when
+    it came, is first in line and takes it."""
+    items: list[Workitem] = [
+        Request("a", "a", DeadlineSLO(100.0), 100, 0.0, output_tokens=200),
+        Request("b", "b", DeadlineSLO(100.0), 100, 0.01, output_tokens=50),
+        Request("c", "c", LatencySLO(0.5, 0.1), 100, 0.02, output_tokens=50),
+    ]
+    engine, ledger = simulate(items, "lsf", max_running=1, engine_queue=engine_queue)
+    first = {o.tenant: (o.arrival_s or 0.0) + (o.ttft_s or 0.0) for o in ledger.outcomes}
+    assert len(first) == 3 and engine.stats.preemptions == 1
+    if engine_queue:
+        assert first["a"] < first["b"] < first["c"]
+    else:
+        assert first["a"] < first["c"] < first["b"]
+
+
+def test_the_stacks_path_delays_every_call_by_its_time() -> None:
+    """``request_path_s``: each LLM call (a request, each stage of a program) reaches the
+    engine that long after it is sent; alone on the engine, nothing else moves."""
+    request: list[Workitem] = [Request("solo", "t", DeadlineSLO(100.0), 64, 0.0, output_tokens=2)]
+    stages = (Stage((LLMCall(64, 2),), tool_s=0.5), Stage((LLMCall(32, 2),)))
+    program: list[Workitem] = [Program("p", "t", 0.0, CompoundSLO(40.0), stages)]
+    for items, calls in ((request, 1), (program, 2)):
+        base, slow = (simulate(items, "fcfs", request_path_s=path)[1].outcomes[0]
+                      for path in (0.0, 0.005))
+        assert base.e2el_s is not None and slow.e2el_s is not None
+        assert slow.e2el_s == pytest.approx(base.e2el_s + calls * 0.005)
+        if calls == 1:
+            assert base.ttft_s is not None and slow.ttft_s is not None
+            assert slow.ttft_s == pytest.approx(base.ttft_s + 0.005)

@@ -119,6 +119,14 @@ def register(subparsers: Any) -> None:
         type=int,
         help="engine batch slots B (vLLM max_num_seqs); default: the profile's (256)",
     )
+    parser.add_argument(
+        "--engine-queue",
+        type=int,
+        metavar="N",
+        help="model the sidecar stack: N requests dispatched beyond the B slots wait inside "
+        "the engine in dispatch order, as the sidecar's --engine-queue keeps them in vLLM "
+        "(default: 0, the policy picks at the step a slot frees, as an in-engine scheduler)",
+    )
     parser.add_argument("--max-prompt", type=int, metavar="TOKENS",
                         help="cap every prompt at this many tokens (as --live's workload on a "
                         "CPU model; default: none)")
@@ -327,7 +335,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
     overrides = []
     for value, field, flag in (
         (args.budget, "chunk_token_budget", "--budget"),
@@ -337,6 +345,10 @@ def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
             if value < 1:
                 raise CLIError(f"{flag} must be >= 1, got {value}")
             overrides.append((field, value))
+    if args.engine_queue is not None:
+        if args.engine_queue < 0:
+            raise CLIError(f"--engine-queue must be >= 0, got {args.engine_queue}")
+        overrides.append(("engine_queue", args.engine_queue))
     return tuple(overrides)
 
 

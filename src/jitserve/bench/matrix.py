@@ -85,7 +85,7 @@ class Scenario:
         return f"{self.trace} {self.mix} B{self.budget}{slots}{skew}"
 
     @property
-    def overrides(self) -> tuple[tuple[str, int], ...]:
+    def overrides(self) -> tuple[tuple[str, float], ...]:
         slots = (("max_running", self.slots),) if self.slots else ()
         return (("chunk_token_budget", self.budget), *slots)
 

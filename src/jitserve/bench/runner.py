@@ -83,8 +83,9 @@ class Cell:
     spec: SLOPolicySpec
     track_memory: bool = False
     replicas: int = 1
-    profile_overrides: tuple[tuple[str, int], ...] = ()
-    """Engine limits changed from the profile's (``chunk_token_budget``, ``max_running``)."""
+    profile_overrides: tuple[tuple[str, float], ...] = ()
+    """Engine limits changed from the profile's (``chunk_token_budget``, ``max_running``,
+    ``engine_queue``)."""
     scenario: str = ""
     bound_slot_s: float = 2.0
     """Time slot of the ``upper-bound`` LP (longer: smaller LP, slightly looser bound)."""
@@ -102,7 +103,7 @@ class Cell:
     ``rate_per_s`` and seed, follow the first phase's end."""
 
 
-def cell_profile(name: str, overrides: tuple[tuple[str, int], ...]) -> Profile:
+def cell_profile(name: str, overrides: tuple[tuple[str, float], ...]) -> Profile:
     return load_profile(name).model_copy(update=dict(overrides))
 
 

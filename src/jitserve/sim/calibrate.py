@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jitserve.sim.latency import LinearTable, Profile
+from jitserve.sim.latency import STACK_FIELDS, LinearTable, Profile
 from jitserve.sim.reference import (
     SHAPE_KINDS,
     Hardware,
@@ -237,8 +237,8 @@ def calibrated_document(
         "max_num_batched_tokens 2048, max_num_seqs 256; prefill-first (no chunking) batches up "
         "to max(max_model_len 8192, 2048) tokens.",
     }
-    coefficients = profile.model_dump(mode="json", exclude={"name", "description"},
-                                      exclude_none=True)
+    coefficients = profile.model_dump(mode="json", exclude={"name", "description",
+                                                            *STACK_FIELDS}, exclude_none=True)
     return {
         "name": profile.name,
         "description": "Llama-3-8B (32 layers, 8 KV heads x 128, bf16) on one A100-80GB, vLLM v1 "

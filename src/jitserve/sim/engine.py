@@ -35,6 +35,7 @@ from jitserve.scheduling.estimators import LengthEstimator, StageShareEstimator
 from jitserve.serving.lifecycle import Lifecycle
 from jitserve.serving.speed import SpeedMeter
 from jitserve.sim.budgeting import constructed_batch, iteration_budget, warm_started
+from jitserve.sim.engine_queue import EngineQueue
 from jitserve.sim.engine_stats import EngineStats
 from jitserve.sim.latency import Profile
 from jitserve.sim.timeline import Timeline
@@ -100,6 +101,7 @@ class Engine:
         self._events: list[tuple[float, int, Workitem | tuple[LiveProgram, int]]] = []
         self._seq = itertools.count()
         self._steps_since_frame = 0
+        self._queue = EngineQueue(profile.engine_queue) if profile.engine_queue else None
 
     @property
     def stats(self) -> EngineStats:
@@ -117,7 +119,8 @@ class Engine:
 
     # ---- inputs -----------------------------------------------------------------
     def submit(self, item: Workitem) -> None:
-        heapq.heappush(self._events, (item.arrival_s, next(self._seq), item))
+        path = self.profile.request_path_s
+        heapq.heappush(self._events, (item.arrival_s + path, next(self._seq), item))
 
     @property
     def running(self) -> int:
@@ -177,8 +180,11 @@ class Engine:
         else:
             budget_left = profile.prefill_first_token_budget - self._kv_prefill_reserved
         admitted = False
+        queue = self._queue
+        if queue is not None:
+            queue.top_up(self.lifecycle, self.now, profile.max_running)
         while self.running < profile.max_running and (budget_left > 0 or not self.running):
-            r = self.lifecycle.peek_next(self.now)
+            r = self.lifecycle.peek_next(self.now) if queue is None else queue.head()
             if r is None:
                 break
             need = r.prefill_target + profile.kv_block_tokens
@@ -186,7 +192,7 @@ class Engine:
                 break
             if not self.chunked and admitted and r.prefill_target > budget_left:
                 break
-            started = self.lifecycle.start_next(self.now)
+            started = self.lifecycle.start_next(self.now) if queue is None else queue.take()
             assert started is r
             self._kv_prefill_reserved += r.prefill_target
             self._prefilling.append(r)
@@ -325,7 +331,9 @@ class Engine:
             + j * base
             + profile.a4_s_per_context_token * (context * j + d * j * (j - 1) / 2)
         )
-        wake = min(until_s, self.next_event_s()) if self.running < profile.max_running else until_s
+        room = self.running < profile.max_running or (
+            self._queue is not None and self._queue.room(self.lifecycle, profile.max_running))
+        wake = min(until_s, self.next_event_s()) if room else until_s  # an arrival acted on
         if wake < ends[-1]:
             m = max(1, int(np.searchsorted(ends, wake)) + 1)
             ends = ends[:m]
@@ -374,6 +382,8 @@ class Engine:
         elif r in self._prefilling:
             self._prefilling.remove(r)
             self._kv_prefill_reserved -= r.prefill_target
+        elif self._queue is not None and r in self._queue:
+            self._queue.remove(r)
 
     # ---- completion, preemption, frames ----------------------------------------------
     def _finish(self, r: LiveRequest) -> None:
@@ -382,7 +392,8 @@ class Engine:
         if lp is not None and not lp.ended and not self.lifecycle.stage_open(lp):
             # the stage is done: its tool call runs off-engine, then the next stage arrives
             tool_s = lp.program.stages[lp.stage].tool_s
-            heapq.heappush(self._events, (self.now + tool_s, next(self._seq), (lp, lp.stage + 1)))
+            at_s = self.now + tool_s + self.profile.request_path_s
+            heapq.heappush(self._events, (at_s, next(self._seq), (lp, lp.stage + 1)))
 
     def _kv_preempt(self) -> None:
         victim = max(self._decoding, key=lambda r: r.started_s or 0.0)

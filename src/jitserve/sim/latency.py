@@ -33,6 +33,9 @@ TIME_FIELDS = (
     "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept", "a7_s_per_prefill_step",
 )  # fmt: skip
 """The coefficients that are times (a slower engine scales them, and the table)."""
+STACK_FIELDS = frozenset({"engine_queue", "request_path_s"})
+"""How the serving stack feeds the engine: set per run (``jitserve bench --engine-queue``,
+``scripts/sim_vs_live.py``), never part of a calibrated profile file."""
 
 
 class LinearTable(BaseModel):
@@ -93,6 +96,14 @@ class Profile(BaseModel):
     max_running: int = Field(256, gt=0)
     chunk_token_budget: int = Field(2048, gt=0)
     prefill_first_token_budget: int = Field(8192, gt=0)
+    engine_queue: int = Field(0, ge=0)
+    """Requests the serving stack keeps queued inside the engine beyond its slots, in
+    dispatch order (the sidecar's ``--engine-queue``: :mod:`jitserve.sim.engine_queue`);
+    0: the policy picks at the very step a slot frees, as an in-engine scheduler."""
+    request_path_s: float = Field(0.0, ge=0)
+    """The serving stack's fixed time per LLM call outside the engine (client -> sidecar ->
+    vLLM, and the first token back), measured with lone requests through the stack: a
+    call reaches the engine this long after it is sent; 0: the engine's time alone."""
     linear_table: LinearTable | None = None
     """The linear layers as measured; None: the two branches alone."""
 

@@ -35,7 +35,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from jitserve.sim.calibrate import fit_linear_layers, profile_of
-from jitserve.sim.latency import LinearTable, Profile
+from jitserve.sim.latency import STACK_FIELDS, LinearTable, Profile
 
 MIN_STEP_S = 1e-6
 """The floor of a table entry: a measured prefill can come out below the fitted terms."""
@@ -134,7 +134,7 @@ def profile_document(m: Measurements, name: str, engine: str) -> dict[str, Any]:
     """The profile JSON (what ``--profile PATH`` loads), with the measurements it came from."""
     profile, terms = measured_profile(m, name)
     return {
-        **profile.model_dump(mode="json", exclude_none=True),
+        **profile.model_dump(mode="json", exclude=set(STACK_FIELDS), exclude_none=True),
         "description": f"measured on {engine} by `jitserve calibrate --engine`",
         "sources": {
             "linear_table": "Measured: a fresh prompt of T tokens alone (vLLM's "
