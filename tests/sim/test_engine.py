@@ -67,11 +67,13 @@ def build_items(specs: list[tuple[int, int, str]], gaps: list[float]) -> list[Wo
     kv=st.sampled_from([6000, 20000, 450000]),
     slots=st.sampled_from([2, 8, 256]),
     queue=st.sampled_from([0, 0, 1, 4]),
+    unstarted=st.booleans(),
 )
-def test_every_request_ends_once_with_all_its_tokens(specs, gaps, policy, kv, slots, queue):  # type: ignore[no-untyped-def]
+def test_every_request_ends_once_with_all_its_tokens(specs, gaps, policy, kv, slots, queue,  # type: ignore[no-untyped-def]
+                                                     unstarted):
     items = build_items(specs, gaps)
     engine, ledger = simulate(items, policy, kv_capacity_tokens=kv, max_running=slots,
-                              engine_queue=queue)
+                              engine_queue=queue, engine_queue_unstarted=unstarted)
     # one outcome per request or program: nothing lost, nothing served twice
     assert len(ledger.outcomes) == len(items)
     assert engine.live == 0 and engine.running == 0 and engine.policy.waiting() == 0

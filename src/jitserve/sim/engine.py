@@ -101,7 +101,8 @@ class Engine:
         self._events: list[tuple[float, int, Workitem | tuple[LiveProgram, int]]] = []
         self._seq = itertools.count()
         self._steps_since_frame = 0
-        self._queue = EngineQueue(profile.engine_queue) if profile.engine_queue else None
+        self._queue = (EngineQueue(profile.engine_queue, profile.engine_queue_unstarted)
+                       if profile.engine_queue else None)
 
     @property
     def stats(self) -> EngineStats:
@@ -182,7 +183,7 @@ class Engine:
         admitted = False
         queue = self._queue
         if queue is not None:
-            queue.top_up(self.lifecycle, self.now, profile.max_running)
+            queue.top_up(self.lifecycle, self.now, profile.max_running, len(self._prefilling))
         while self.running < profile.max_running and (budget_left > 0 or not self.running):
             r = self.lifecycle.peek_next(self.now) if queue is None else queue.head()
             if r is None:
@@ -332,7 +333,8 @@ class Engine:
             + profile.a4_s_per_context_token * (context * j + d * j * (j - 1) / 2)
         )
         room = self.running < profile.max_running or (
-            self._queue is not None and self._queue.room(self.lifecycle, profile.max_running))
+            self._queue is not None
+            and self._queue.room(self.lifecycle, profile.max_running, len(self._prefilling)))
         wake = min(until_s, self.next_event_s()) if room else until_s  # an arrival acted on
         if wake < ends[-1]:
             m = max(1, int(np.searchsorted(ends, wake)) + 1)

@@ -33,7 +33,7 @@ TIME_FIELDS = (
     "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept", "a7_s_per_prefill_step",
 )  # fmt: skip
 """The coefficients that are times (a slower engine scales them, and the table)."""
-STACK_FIELDS = frozenset({"engine_queue", "request_path_s"})
+STACK_FIELDS = frozenset({"engine_queue", "engine_queue_unstarted", "request_path_s"})
 """How the serving stack feeds the engine: set per run (``jitserve bench --engine-queue``,
 ``scripts/sim_vs_live.py``), never part of a calibrated profile file."""
 
@@ -100,6 +100,9 @@ class Profile(BaseModel):
     """Requests the serving stack keeps queued inside the engine beyond its slots, in
     dispatch order (the sidecar's ``--engine-queue``: :mod:`jitserve.sim.engine_queue`);
     0: the policy picks at the very step a slot frees, as an in-engine scheduler."""
+    engine_queue_unstarted: bool = False
+    """The engine queue bounds the dispatched requests without a token yet, not those
+    beyond the slots: a dispatch rule the sidecar does not have yet (engine_queue.py)."""
     request_path_s: float = Field(0.0, ge=0)
     """The serving stack's fixed time per LLM call outside the engine (client -> sidecar ->
     vLLM, and the first token back), measured with lone requests through the stack: a
