@@ -321,6 +321,7 @@ def main(args: argparse.Namespace) -> int:
         "chunk_token_budget": profile.chunk_token_budget,
         "budget_rule": spec.scheduler.budget_rule.value,
         "max_running": profile.max_running,
+        "engine_queue": profile.engine_queue,
         "tenant_mix": args.tenant_mix,
         "capacity_items_per_s": capacity,
         "policies": policies,
