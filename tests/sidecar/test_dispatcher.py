@@ -186,11 +186,11 @@ class Clock:
         return self.now
 
 
-def make_dispatcher(spec: SLOPolicySpec, batch: int, engine_queue: int = 0
-                    ) -> tuple[Dispatcher, ScriptedBackend, Clock]:
+def make_dispatcher(spec: SLOPolicySpec, batch: int, engine_queue: int = 0,
+                    unstarted: bool = False) -> tuple[Dispatcher, ScriptedBackend, Clock]:
     backend, clock = ScriptedBackend(), Clock()
     d = Dispatcher(backend, spec, SidecarMetrics(), max_running=batch, engine_queue=engine_queue,
-                   clock=clock)
+                   engine_queue_unstarted=unstarted, clock=clock)
     d.speed = d.lifecycle.speed = d.frame_clock.speed = frozen()
     d.lifecycle.ledger = RecordingLedger()
     d.health.ready = True
@@ -261,6 +261,25 @@ def test_engine_queue_keeps_vllm_fed_beyond_its_slots() -> None:
     assert in_engine == 5  # B = 2 slots + 3 queued inside vLLM
     assert waiting == 3
     assert len(order) == 5
+
+
+def test_the_unstarted_rule_bounds_the_dispatched_without_a_token() -> None:
+    """``--engine-queue-unstarted``: at most Q dispatched requests have no token yet; each
+    first token makes room for one more, and B + Q in all still bounds the dispatched."""
+    async def scenario() -> list[int]:
+        d, backend, _ = make_dispatcher(SLOPolicySpec(), batch=2, engine_queue=1, unstarted=True)
+        for i in range(8):
+            await submit(d, Request(f"r{i}", "t1", DeadlineSLO(60.0), 10, 0.0, max_tokens=40))
+        dispatched = []
+        for _ in range(4):
+            d.step(0.0, frame_due=True)
+            await settle()
+            dispatched.append(len(backend.streams))
+            backend.tick()  # every stream's next token: the newest has its first
+            await settle()
+        return dispatched
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 3]
 
 
 def test_requests_without_slo_are_served_below_capacity() -> None:

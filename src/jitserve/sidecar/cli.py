@@ -30,7 +30,8 @@ FLAGS = {
     "backend_url": "--backend", "host": "--host", "port": "--port", "config_path": "--config",
     "policy_name": "--policy-name", "reasoning_parser": "--reasoning-parser",
     "max_running": "--max-running",
-    "engine_queue": "--engine-queue", "max_body_bytes": "--max-body-bytes",
+    "engine_queue": "--engine-queue", "engine_queue_unstarted": "--engine-queue-unstarted",
+    "max_body_bytes": "--max-body-bytes",
     "default_max_tokens": "--default-max-tokens", "reload_interval_s": "--reload-interval",
     "api_keys": "--api-key", "api_keys_file": "--api-keys-file", "keys_dir": "--keys-dir",
     "analyzer": "--analyzer", "admin_port": "--admin-port", "admin_keys": "--admin-key",
@@ -72,6 +73,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-queue", type=int, default=None, metavar="N",
                    help="requests kept queued inside vLLM beyond its B slots, in the policy's "
                    "order, so a freed slot never waits for the sidecar (default: B/2, >= 2)")
+    p.add_argument("--engine-queue-unstarted", action="store_true",
+                   help="bound by --engine-queue the dispatched requests that have no token "
+                   "yet (waiting in vLLM or in their prefill) instead of those beyond B; an "
+                   "experiment, off by default")
     p.add_argument("--reasoning-parser", default=None, metavar="NAME",
                    help="the --reasoning-parser vLLM runs with: chat requests then go to "
                    "vLLM's chat endpoint, which returns the reasoning apart from the content "
@@ -140,6 +145,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         return SidecarSettings(
             backend_url=args.backend, host=args.host, port=args.port, config_path=args.config,
             max_running=args.max_running, engine_queue=args.engine_queue,
+            engine_queue_unstarted=args.engine_queue_unstarted,
             max_body_bytes=args.max_body_bytes,
             default_max_tokens=args.default_max_tokens, reload_interval_s=args.reload_interval,
             api_keys=keys, api_keys_file=args.api_keys_file, keys_dir=args.keys_dir,

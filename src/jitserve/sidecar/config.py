@@ -50,6 +50,11 @@ class SidecarSettings(BaseModel):
         default=None, ge=0, le=4096,
         description="Requests kept queued inside vLLM beyond its B slots, so a freed slot is "
                     "refilled in vLLM's next step (default: B/2, at least 2; 0: none).")
+    engine_queue_unstarted: bool = Field(
+        default=False,
+        description="The engine queue bounds the dispatched requests that have no token yet "
+                    "(waiting in vLLM or in their prefill), not those beyond B (an experiment: "
+                    "docs/benchmarks.md, the engine queue's cost).")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
     default_max_tokens: int | None = Field(
         default=None, ge=1,

@@ -64,6 +64,7 @@ class Dispatcher:
         *,
         max_running: int = 16,
         engine_queue: int | None = None,
+        engine_queue_unstarted: bool = False,
         policy_factory: PolicyFactory = default_policy_factory,
         analyzer: Analyzer | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -77,6 +78,7 @@ class Dispatcher:
         self.max_running = max_running
         self.engine_queue = (
             default_engine_queue(max_running) if engine_queue is None else engine_queue)
+        self.engine_queue_unstarted = engine_queue_unstarted
         self.clock = clock
         self.in_effect = InEffect(policy_factory, metrics)
         self.programs = ProgramBook()
@@ -178,7 +180,7 @@ class Dispatcher:
     def snapshot(self) -> dict[str, Any]:
         return self.report.snapshot(self.lifecycle, self.spec, self.health, self.speed, {
             "max_running": self.max_running, "engine_queue": self.engine_queue,
-            "frame_s": self.frame_s(), "in_effect": self.in_effect.as_dict()})
+            "engine_queue_unstarted": self.engine_queue_unstarted, "frame_s": self.frame_s(), "in_effect": self.in_effect.as_dict()})
 
     def update_gauges(self) -> None:
         """Set the waiting and running gauges to now's counts (also before a scrape)."""
@@ -244,12 +246,22 @@ class Dispatcher:
 
     # ---- dispatch -----------------------------------------------------------------------
     def _admit(self, now: float) -> None:
-        while self.ready and len(self.lifecycle.running) < self.depth:
+        unstarted = self._unstarted() if self.engine_queue_unstarted else -1
+        while self.ready and len(self.lifecycle.running) < self.depth and (
+                unstarted < self.engine_queue):
             r = self.lifecycle.start_next(now)
             if r is None:
                 break
             self._dispatch(self.jobs[r], now)
+            if unstarted >= 0:
+                unstarted += 1
         self.update_gauges()
+
+    def _unstarted(self) -> int:
+        """Dispatched requests on the token path with no token yet in their dispatch:
+        waiting in vLLM or in their prefill (a forwarded request says nothing of it)."""
+        return sum(1 for r in self.lifecycle.running
+                   if (job := self.jobs[r]).forward is None and job.segment_tokens == 0)
 
     def _dispatch(self, job: Job, now: float) -> None:
         job.segment += 1
@@ -285,6 +297,8 @@ class Dispatcher:
                 if not job.queued_in_engine:  # dispatch -> first token measures prefill
                     self.speed.prefill_iteration(now - job.dispatched_s, live.prefill_target, 0)
                 job.mark_s, job.mark_tokens = now, live.generated + n
+                if self.engine_queue_unstarted:
+                    self.frames.wake()  # room in the engine queue
             self.report.tokens(job, n, now)
             job.last_token_s = now
             job.segment_tokens += n

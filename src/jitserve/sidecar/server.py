@@ -117,7 +117,9 @@ class SidecarServer:
         self.backend = VLLMBackend(settings.backend_url, stall_timeout_s=settings.stall_timeout_s)
         self.dispatcher = Dispatcher(
             self.backend, self.watcher.spec, self.metrics, max_running=settings.max_running,
-            engine_queue=settings.engine_queue, policy_factory=policy_factory, analyzer=analyzer,
+            engine_queue=settings.engine_queue,
+            engine_queue_unstarted=settings.engine_queue_unstarted,
+            policy_factory=policy_factory, analyzer=analyzer,
             min_frame_s=settings.min_frame_s, max_frame_s=settings.max_frame_s,
             health_interval_s=settings.health_interval_s)
         self.tuner = LiveTuner(self.dispatcher, self.metrics, settings.engine_profile, replayer)
