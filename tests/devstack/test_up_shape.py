@@ -41,3 +41,16 @@ def test_up_flags_win_and_the_cpu_default_fills_in(tmp_path: Path) -> None:
     assert (given.max_num_seqs, given.engine_queue) == (8, 0)
     with pytest.raises(CLIError, match="--max-num-seqs"):
         up_batch_shape(_policy(tmp_path, {"model": {"args": ["--max-num-seqs", "x"]}}), None, None)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_up_passes_the_engine_queue_rule_to_its_sidecar(tmp_path: Path, flag: bool) -> None:
+    from jitserve.cli import build_parser
+    from jitserve.devstack.up import sidecar_command
+
+    argv = ["up", "--backend", "http://127.0.0.1:1", *(["--engine-queue-unstarted"] * flag)]
+    args = build_parser().parse_args(argv)
+    config = _policy(tmp_path, {})
+    cmd = sidecar_command(args, "http://127.0.0.1:1", config, up_batch_shape(config, None, 3), None)
+    assert cmd[cmd.index("--engine-queue") + 1] == "3"
+    assert ("--engine-queue-unstarted" in cmd) is flag

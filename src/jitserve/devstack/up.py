@@ -103,6 +103,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--engine-queue", type=int, default=None,
                    help="requests the sidecar keeps queued inside vLLM beyond its B slots "
                    "(default: the policy's sidecar.engineQueue, else B/2, at least 2)")
+    p.add_argument("--engine-queue-unstarted", action="store_true",
+                   help="the sidecar's engine queue bounds the dispatched requests with no "
+                   "token yet instead of those beyond B (an experiment, off by default)")
     p.add_argument("--budget-rule", "--engine-scheduler", dest="budget_rule",
                    choices=vl.ENGINE_RULES, default=None,
                    help="vLLM's per-step token budget: fixed (vLLM's own) or greedy/sliding "
@@ -297,16 +300,24 @@ def main(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _start_sidecar(args: argparse.Namespace, stack: Stack, backend: str, config: Path,
-                   shape: BatchShape, analyzer: str | None) -> str:
+def sidecar_command(args: argparse.Namespace, backend: str, config: Path, shape: BatchShape,
+                    analyzer: str | None) -> list[str]:
+    """The sidecar ``jitserve up`` runs (pure: its flags from ``up``'s)."""
     cmd = serve_command(backend, args.port, config, shape.max_num_seqs, host=args.host,
                         extra=["--engine-queue", str(shape.engine_queue),
                                "--engine-profile", args.engine_profile])
+    if args.engine_queue_unstarted:
+        cmd.append("--engine-queue-unstarted")
     if analyzer:
         cmd += ["--analyzer", analyzer]
     if args.reasoning_parser:
         cmd += ["--reasoning-parser", args.reasoning_parser]
-    sidecar = stack.start("sidecar", cmd)
+    return cmd
+
+
+def _start_sidecar(args: argparse.Namespace, stack: Stack, backend: str, config: Path,
+                   shape: BatchShape, analyzer: str | None) -> str:
+    sidecar = stack.start("sidecar", sidecar_command(args, backend, config, shape, analyzer))
     endpoint = f"http://{args.host}:{args.port}"
     _wait_ready(stack, f"{endpoint}/ready", sidecar, args.timeout)
     return endpoint

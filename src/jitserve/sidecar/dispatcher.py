@@ -180,7 +180,8 @@ class Dispatcher:
     def snapshot(self) -> dict[str, Any]:
         return self.report.snapshot(self.lifecycle, self.spec, self.health, self.speed, {
             "max_running": self.max_running, "engine_queue": self.engine_queue,
-            "engine_queue_unstarted": self.engine_queue_unstarted, "frame_s": self.frame_s(), "in_effect": self.in_effect.as_dict()})
+            "engine_queue_unstarted": self.engine_queue_unstarted, "frame_s": self.frame_s(),
+            "in_effect": self.in_effect.as_dict()})
 
     def update_gauges(self) -> None:
         """Set the waiting and running gauges to now's counts (also before a scrape)."""
