@@ -175,11 +175,10 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for load in (float(x) for x in args.loads.split(",")):
         spec = live_spec(args.duration, load * capacity, args.seed, args.mix, args.trace)
-        sim = {policy: simulated(Cell(policy, load, args.seed, spec, capacity, args.profile,
-                                      SLOPolicySpec()), queue, path) for policy in policies}
-        in_engine = {policy: simulated(Cell(policy, load, args.seed, spec, capacity,
-                                            args.profile, SLOPolicySpec()), 0, 0.0)
-                     for policy in policies}
+        cells = {policy: Cell(policy, load, args.seed, spec, capacity, args.profile,
+                              SLOPolicySpec()) for policy in policies}
+        sim = {policy: simulated(cell, queue, path) for policy, cell in cells.items()}
+        in_engine = {policy: simulated(cell, 0, 0.0) for policy, cell in cells.items()}
         live = earlier[load] if load in earlier else asyncio.run(
             live_rounds(args, load, spec, policies))
         results.append({"load": load, "rate": load * capacity, "engine_queue": queue,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -247,15 +248,14 @@ class Dispatcher:
 
     # ---- dispatch -----------------------------------------------------------------------
     def _admit(self, now: float) -> None:
-        unstarted = self._unstarted() if self.engine_queue_unstarted else -1
-        while self.ready and len(self.lifecycle.running) < self.depth and (
-                unstarted < self.engine_queue):
+        room = (self.engine_queue - self._unstarted() if self.engine_queue_unstarted
+                else math.inf)  # dispatches the unstarted rule allows
+        while self.ready and len(self.lifecycle.running) < self.depth and room > 0:
             r = self.lifecycle.start_next(now)
             if r is None:
                 break
             self._dispatch(self.jobs[r], now)
-            if unstarted >= 0:
-                unstarted += 1
+            room -= 1
         self.update_gauges()
 
     def _unstarted(self) -> int:

@@ -32,9 +32,6 @@ class EngineQueue:
         self.unstarted = unstarted
         self._line: deque[LiveRequest] = deque()
 
-    def __len__(self) -> int:
-        return len(self._line)
-
     def __contains__(self, r: LiveRequest) -> bool:
         return r in self._line
 
