@@ -130,14 +130,16 @@ INTERFACE_PROBE = """
 import inspect
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import SchedulerInterface
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from jitserve.engine import vllm_scheduler as ours
 
 assert issubclass(ours.SlidingScheduler, Scheduler)
 assert issubclass(ours.AsyncSlidingScheduler, AsyncScheduler)
-calls = []
+calls, queued = [], []
 def base_schedule(self, *args, **kwargs):
     calls.append(("schedule", args, kwargs))
+    queued.append(list(self.waiting))
     return "output"
 def base_update(self, *args, **kwargs):
     calls.append(("update", args, kwargs))
@@ -150,6 +152,8 @@ class Steps:  # the budget rule's stand-in: a fixed budget, outputs recorded
     seen = []
     def budget(self, running, waiting):
         return 384
+    def order(self, waiting):  # the sorter's stand-in: the queue reversed
+        return list(reversed(waiting))
     def scheduled(self, output):
         self.seen.append(output)
     def finished(self, output):
@@ -157,7 +161,7 @@ class Steps:  # the budget rule's stand-in: a fixed budget, outputs recorded
 
 for cls in (ours.SlidingScheduler, ours.AsyncSlidingScheduler):
     s = object.__new__(cls)
-    s.jitserve_steps, s.running, s.waiting = Steps(), [], []
+    s.jitserve_steps, s.running, s.waiting = Steps(), [], FCFSRequestQueue(["a", "b", "c"])
     # every argument vLLM's interface declares reaches vLLM's own method as the same
     # parameter, passed by keyword or by position
     for name, method in (("schedule", s.schedule), ("update", s.update_from_output)):
@@ -172,6 +176,8 @@ for cls in (ours.SlidingScheduler, ours.AsyncSlidingScheduler):
             assert got == name and {k: v for k, v in bound.items() if k != "self"} == sent
 
     assert s.max_num_scheduled_tokens == 384  # the rule's budget, set before vLLM's schedule()
+    # vLLM's own schedule() saw the waiting deque in the sorter's order, as the same deque
+    assert queued[0] == ["c", "b", "a"] and isinstance(s.waiting, FCFSRequestQueue)
 print("ok", [p for p in inspect.signature(SchedulerInterface.schedule).parameters])
 """
 
@@ -181,7 +187,8 @@ def test_the_scheduler_classes_fit_vllms_scheduler_interface() -> None:
     ``throttle_prefills``, as vLLM's main branch does): both classes subclass vLLM's
     schedulers, every argument vLLM's interface declares for ``schedule`` and
     ``update_from_output`` reaches vLLM's own method unchanged, and the rule's budget is
-    set before ``schedule`` runs."""
+    set before ``schedule`` runs, with the waiting queue (vLLM's ``fcfs`` deque) in the
+    sorter's order."""
     python = vllm_python()
     assert python is not None, "vLLM is not installed: run scripts/setup-vllm.sh"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}

@@ -17,6 +17,7 @@ from jitserve.scheduling.estimators.step_model import OnlineStepModel
 @dataclass
 class Params:
     extra_args: dict[str, Any] | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -101,3 +102,45 @@ def test_defaults_apply_without_xargs_and_fixed_keeps_the_maximum() -> None:
     assert greedy.budget([decode], [Req(999.9, 5000, 0)]) == 2048
     decode.arrival_time = 999.3  # due 1000.1 with the defaults: 100 ms slack
     assert greedy.budget([decode], [Req(999.9, 5000, 0)]) < 2048
+
+
+def test_the_sorter_puts_what_can_still_make_its_first_token_first() -> None:
+    clock, timer = Clock(), Clock()
+    steps = BudgetSteps(BudgetRule.SLIDING, 2048, clock=clock, timer=timer)
+    fitted(steps, timer)  # a 1,000-token prefill alone: 20 ms + 0.1 s = 0.12 s
+    late = Req(arrival_time=990.0, num_prompt_tokens=100, num_computed_tokens=0)  # due 992
+    long = Req(999.5, 1000, 0, sampling_params=Params({DUE_ARG: 1000.2}))  # 0.12 of 0.2 s
+    short = Req(999.9, 100, 0)  # due 1001.9: 0.04 s of 1.9 s
+    also_short = Req(999.95, 100, 0)
+    tight = Req(999.5, 1000, 0, sampling_params=Params({DUE_ARG: 1000.1}))  # 0.12 > 0.1 s
+    order = steps.order([late, short, tight, long, also_short])
+    # safeguarded (urgency >= 0.5) first, then the rest on time (ties in vLLM's order),
+    # then those that cannot make it, shortest remaining prefill first
+    assert order == [long, short, also_short, late, tight]
+    assert steps.order([late]) is None
+    steps.sorter = False
+    assert steps.order([late, short]) is None
+
+
+def test_the_sorter_is_read_from_the_environment() -> None:
+    assert BudgetSteps.from_env(512, {}).sorter
+    assert not BudgetSteps.from_env(512, {"JITSERVE_ENGINE_SORTER": "off"}).sorter
+    try:
+        BudgetSteps.from_env(512, {"JITSERVE_ENGINE_SORTER": "edf"})
+    except ValueError as e:
+        assert "JITSERVE_ENGINE_SORTER" in str(e) and "slidingserve, off" in str(e)
+    else:
+        raise AssertionError("an unknown sorter was accepted")
+
+
+def test_a_decode_whose_max_tokens_cannot_catch_up_leaves_the_budget_alone() -> None:
+    clock, timer = Clock(), Clock()
+    steps = BudgetSteps(BudgetRule.GREEDY, 2048, clock=clock, timer=timer)
+    fitted(steps, timer)
+    # 10 tokens out, the 11th due at 999.5 + 10 * 0.1 = 1000.5 - 30 s: 30 s behind
+    late = {DUE_ARG: 969.5, TBT_ARG: 0.1}
+    prompt = Req(999.9, 5000, 0)
+    behind = Req(999.0, 10, 19, 10, Params(late, max_tokens=4000))  # can gain 0.05 s x 3990
+    assert steps.budget([behind], [prompt]) < 2048
+    hopeless = Req(999.0, 10, 19, 10, Params(late, max_tokens=128))  # 0.05 s x 118 < 30 s
+    assert steps.budget([hopeless], [prompt]) == 2048

@@ -52,6 +52,17 @@ def test_a_late_decode_holds_each_step_to_half_its_tbt() -> None:
     assert convex(budget - 1) <= 0.1 < convex(budget)
 
 
+def test_a_late_decode_too_far_behind_for_its_tokens_left_is_not_protected() -> None:
+    # 0.5 s behind; held to 0.1 s steps against a 0.2 s TBT it gains 0.1 s a token
+    for left, protected in ((6, True), (5, True), (4, False), (None, True)):
+        late = [DecodeSlack(-0.5, 0.2, left)]
+        assert late[0].hopeless() is not protected
+        budget = choose_budget(BudgetRule.GREEDY, convex, late, decoders=1, most=4096,
+                               demand=9999)
+        assert (budget < 4096) is protected, (left, budget)
+    assert not DecodeSlack(0.01, 0.2, 1).hopeless()  # on time: never hopeless
+
+
 def test_a_late_decode_the_engine_is_too_slow_for_is_not_protected() -> None:
     late = [DecodeSlack(-0.5, 0.03)]  # half its TBT (15 ms) < a decode-only step (20 ms)
     assert choose_budget(BudgetRule.SLIDING, convex, late, decoders=1, most=4096,

@@ -6,7 +6,11 @@ scheduling is on (vLLM's default on GPUs; the CPU platform turns it off). The ru
 ``$JITSERVE_ENGINE_BUDGET_RULE`` (``fixed``, ``greedy``, ``sliding``), the engine's
 maximum from ``--max-num-batched-tokens``. vLLM's ``Scheduler.schedule()`` reads
 ``self.max_num_scheduled_tokens`` at every step, so setting it just before is the whole
-intervention: vLLM keeps its queue, KV management and preemption.
+intervention: vLLM keeps its queue, KV management and preemption. Under vLLM's ``fcfs``
+policy the waiting queue (a deque) is also put in SlidingServe's sorter order before each
+step (``$JITSERVE_ENGINE_SORTER``, ``slidingserve`` or ``off``): requests that can still
+make their first token ahead of those that cannot. Under ``priority`` the priorities the
+client (or jitserve's sidecar) set keep their order.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from jitserve.engine.steps import BudgetSteps
@@ -30,10 +35,17 @@ def _budgeted(base: Any, name: str) -> Any:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.jitserve_steps = BudgetSteps.from_env(self.max_num_scheduled_tokens)
-            logger.warning("jitserve engine scheduler %s: budget rule %s, at most %d tokens",
-                           name, self.jitserve_steps.rule.value, self.jitserve_steps.most)
+            steps = self.jitserve_steps
+            steps.sorter = steps.sorter and isinstance(self.waiting, FCFSRequestQueue)
+            logger.warning("jitserve engine scheduler %s: budget rule %s, at most %d tokens, "
+                           "sorter %s", name, steps.rule.value, steps.most,
+                           "slidingserve" if steps.sorter else "off")
 
         def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            order = self.jitserve_steps.order(list(self.waiting))
+            if order is not None:
+                self.waiting.clear()
+                self.waiting.extend(order)
             self.max_num_scheduled_tokens = self.jitserve_steps.budget(self.running,
                                                                        self.waiting)
             output = super().schedule(*args, **kwargs)

@@ -11,7 +11,7 @@ jitserve may import; what vLLM loads (:mod:`~jitserve.engine.vllm_scheduler`,
 
 from __future__ import annotations
 
-__all__ = ["DUE_ARG", "RULE_ENV", "TBT_ARG", "engine_scheduler_flags"]
+__all__ = ["DUE_ARG", "RULE_ENV", "SORTERS", "SORTER_ENV", "TBT_ARG", "engine_scheduler_flags"]
 
 DUE_ARG = "jitserve_due_s"
 """vLLM ``vllm_xargs`` key: wall-clock time (epoch s) the dispatch's first token is due."""
@@ -20,6 +20,11 @@ TBT_ARG = "jitserve_tbt_s"
 
 RULE_ENV = "JITSERVE_ENGINE_BUDGET_RULE"
 """The environment variable vLLM's engine process reads the in-engine rule from."""
+SORTER_ENV = "JITSERVE_ENGINE_SORTER"
+"""How the in-engine scheduler orders vLLM's waiting queue: ``slidingserve`` (SlidingServe's
+sorter, the default; under vLLM's ``fcfs`` policy only: under ``priority`` the priorities
+the client or the sidecar set keep their order) or ``off``."""
+SORTERS = ("slidingserve", "off")
 
 
 def engine_scheduler_flags(async_scheduling: bool = False) -> list[str]:

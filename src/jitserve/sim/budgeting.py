@@ -30,7 +30,7 @@ def iteration_budget(model: OnlineStepModel, most: int, rule: BudgetRule, now: f
         slo = r.req.slo
         if isinstance(slo, LatencySLO):
             due = slo.due_s(r.req.arrival_s, token)
-            decodes.append(DecodeSlack(due - now, slo.tbt_s))
+            decodes.append(DecodeSlack(due - now, slo.tbt_s, max(r.bound - token, 1)))
     demand = pending + (2 * most if queued else 0)
     return choose_budget(rule, model.step_time(decoders), decodes, decoders=decoders,
                          most=most, demand=demand)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 
 class OnlineStepModel:
@@ -68,6 +69,13 @@ class OnlineStepModel:
         assert self.coef is not None
         c0, c1, c2, c3 = self.coef
         return c0 + c1 * tokens + c2 * tokens * tokens + c3 * requests
+
+    def prefill_alone(self, tokens: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Seconds of a step computing ``tokens`` prompt tokens of one request alone, for
+        each entry of ``tokens``."""
+        assert self.coef is not None
+        c0, c1, c2, c3 = self.coef
+        return np.asarray(c0 + c1 * tokens + c2 * tokens * tokens + c3, dtype=np.float64)
 
     @property
     def ready(self) -> bool:
