@@ -149,7 +149,7 @@ Scheduler.schedule = base_schedule
 Scheduler.update_from_output = base_update
 
 class Steps:  # the budget rule's stand-in: a fixed budget, outputs recorded
-    rule, most = None, 512
+    rule, most, sorter = None, 512, True
     seen = []
     def budget(self, running, waiting):
         return 384
@@ -179,6 +179,15 @@ for cls in (ours.SlidingScheduler, ours.AsyncSlidingScheduler):
     assert s.max_num_scheduled_tokens == 384  # the rule's budget, set before vLLM's schedule()
     # vLLM's own schedule() saw the waiting deque in the sorter's order, as the same deque
     assert queued[0] == ["c", "b", "a"] and isinstance(s.waiting, FCFSRequestQueue)
+    queued.clear()
+
+# the sorter off (as under vLLM's priority policy): the queue is left as it is
+s = object.__new__(ours.SlidingScheduler)
+s.jitserve_steps, s.running, s.waiting = Steps(), [], FCFSRequestQueue(["a", "b", "c"])
+s.jitserve_steps.sorter = False
+s.jitserve_steps.order = None  # never asked
+s.schedule()
+assert queued == [["a", "b", "c"]] and s.max_num_scheduled_tokens == 384
 print("ok", [p for p in inspect.signature(SchedulerInterface.schedule).parameters])
 """
 

@@ -42,14 +42,15 @@ def _budgeted(base: Any, name: str) -> Any:
                            "slidingserve" if steps.sorter else "off")
 
         def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            order = self.jitserve_steps.order(list(self.waiting))
+            steps = self.jitserve_steps
+            # the sorter off (vLLM's priority heap): no copy of the queue on the step's path
+            order = steps.order(list(self.waiting)) if steps.sorter else None
             if order is not None:
                 self.waiting.clear()
                 self.waiting.extend(order)
-            self.max_num_scheduled_tokens = self.jitserve_steps.budget(self.running,
-                                                                       self.waiting)
+            self.max_num_scheduled_tokens = steps.budget(self.running, self.waiting)
             output = super().schedule(*args, **kwargs)
-            self.jitserve_steps.scheduled(output)
+            steps.scheduled(output)
             return output
 
         def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:

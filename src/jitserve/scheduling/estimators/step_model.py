@@ -72,10 +72,8 @@ class OnlineStepModel:
 
     def prefill_alone(self, tokens: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Seconds of a step computing ``tokens`` prompt tokens of one request alone, for
-        each entry of ``tokens``."""
-        assert self.coef is not None
-        c0, c1, c2, c3 = self.coef
-        return np.asarray(c0 + c1 * tokens + c2 * tokens * tokens + c3, dtype=np.float64)
+        each entry of ``tokens`` (:meth:`predict`'s law, over an array)."""
+        return np.asarray(self.predict(tokens, 1), dtype=np.float64)  # type: ignore[arg-type]
 
     @property
     def ready(self) -> bool:
