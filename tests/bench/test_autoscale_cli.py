@@ -15,11 +15,15 @@ from jitserve.bench.autoscale import (
     PLANNER,
     STATIC_PEAK,
     AutoscaleCell,
+    ForesightPlanner,
     run_autoscale_cell,
 )
 from jitserve.cli import main
 from jitserve.policy import SLOPolicySpec
 from jitserve.policy.autoscaling import AutoscalingSettings
+from jitserve.scaling.planner import SLOPlanner
+from jitserve.scaling.signals import PoolSignals
+from jitserve.sim.traffic import RateShape
 from jitserve.sim.workload import WorkloadSpec
 
 
@@ -67,3 +71,35 @@ def test_one_small_day_per_strategy_into_the_report(tmp_path: Path) -> None:
     assert verdict["replica_seconds_vs_peak"] == pytest.approx(
         by[PLANNER]["replica_seconds"] / by[STATIC_PEAK]["replica_seconds"])
     assert (tmp_path / "autoscale.png").stat().st_size > 10_000
+
+
+def test_foresight_sizes_for_a_burst_a_warm_up_before_it_begins() -> None:
+    """The ceiling row: told the shape, the planner asks for a burst's replicas while the
+    rate is still flat; the plain planner, on the same signals, does not."""
+    settings = AutoscalingSettings(enabled=True, max_replicas=50, utilization=0.5,
+                                   warmup_seconds=60.0, replica_capacity=2.0)
+    shape = RateShape("bursts", 3600.0)
+    ramp = 0.2 * 3600.0  # the first burst's ramp begins
+    plain, told = SLOPlanner(settings), ForesightPlanner(settings, shape)
+    for at in (ramp - 120.0, ramp - 105.0, ramp - 90.0, ramp - 75.0, ramp - 60.0):
+        flat = PoolSignals(at_s=at, period_s=15.0, ready=4, warming=0, arrived=60)
+        asked_plain, asked_told = plain.decide(flat).desired, told.decide(flat).desired
+    # 4/s at 2/s per replica and utilization 0.5: 4 replicas; 75 s ahead the ramp is
+    # half-way (0.4 -> 0.7 of the peak): 1.75x that
+    assert asked_plain == 4
+    assert asked_told == 7
+
+
+def test_foresight_with_notice_is_told_only_once_the_rise_has_begun() -> None:
+    settings = AutoscalingSettings(enabled=True, max_replicas=50, utilization=0.5,
+                                   warmup_seconds=60.0, replica_capacity=2.0)
+    shape = RateShape("bursts", 3600.0)
+    ramp = 0.2 * 3600.0
+    late = ForesightPlanner(settings, shape, notice_s=0.0)
+    for at in (ramp - 45.0, ramp - 30.0, ramp - 15.0, ramp):
+        asked = late.decide(PoolSignals(at_s=at, period_s=15.0, ready=4, warming=0,
+                                        arrived=60)).desired
+    assert asked == 4  # at the ramp's first instant nothing has risen yet
+    # a period in, told the course: from 0.7 of the peak to the peak, 1/0.7 of the level
+    rising = PoolSignals(at_s=ramp + 15.0, period_s=15.0, ready=4, warming=0, arrived=60)
+    assert late.decide(rising).desired == 6

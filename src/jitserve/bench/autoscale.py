@@ -1,5 +1,6 @@
 """``jitserve bench --autoscale``: pools sized by jitserve's planner, by llm-d's SLO-aware
-KEDA rule and statically, on traffic whose rate moves (:mod:`jitserve.sim.traffic`).
+KEDA rule and statically, on traffic whose rate moves (:mod:`jitserve.sim.traffic`); and,
+as a ceiling, by the planner told the traffic's shape ahead (:class:`ForesightPlanner`).
 
 Who owns what: :func:`add_autoscale_flags` / :func:`main` parse and run; :func:`size_static`
 finds a static deployment's size (the fewest replicas that hold the attainment target at
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix import VALIDATION_SEEDS
@@ -42,7 +45,8 @@ STATIC_PEAK = "static-peak"
 STATIC_MEAN = "static-mean"
 KEDA = "keda-slo"
 PLANNER = "jitserve"
-STRATEGIES = (STATIC_PEAK, STATIC_MEAN, KEDA, PLANNER)
+FORESIGHT = "foresight"
+STRATEGIES = (STATIC_PEAK, STATIC_MEAN, KEDA, PLANNER, FORESIGHT)
 SIZING_S = 600.0
 """Seconds of constant-rate traffic a static size is checked on."""
 
@@ -84,12 +88,44 @@ class AutoscaleCell:
     warmup_s: float
     replicas: int = 1
     """Static strategies' size, and every pool's starting size."""
+    notice_s: float | None = None
+    """Foresight only: told of a rise this long after it begins (None: a warm-up ahead)."""
 
 
-def _scaler(cell: AutoscaleCell) -> Scaler:
+class ForesightPlanner(SLOPlanner):
+    """A ceiling, not a strategy one could deploy: jitserve's planner told how far the
+    traffic's shape will rise within one warm-up and period — what knowing each burst
+    before it begins is worth. With ``notice_s`` it is told only once the shape has been
+    rising for that long (checked a period back): the ceiling of reacting, by a detector
+    that knows a burst's whole size the moment it sees it."""
+
+    name = FORESIGHT
+
+    def __init__(
+        self, settings: AutoscalingSettings, shape: RateShape, notice_s: float | None = None
+    ) -> None:
+        super().__init__(settings)
+        self.shape = shape
+        self.notice_s = notice_s
+
+    def forecast(self, now: float) -> tuple[float, float]:
+        level, forecast = super().forecast(now)
+        if self.notice_s is not None:
+            seen = now - self.notice_s
+            if self.shape.relative_at(seen) <= self.shape.relative_at(seen - self.period_s):
+                return level, forecast
+        ahead = np.linspace(now, now + self.settings.warmup_seconds + self.period_s, 16)
+        rise = float(self.shape.relative(ahead).max()) / self.shape.relative_at(now)
+        return level, max(forecast, level * rise)
+
+
+def _scaler(cell: AutoscaleCell, shape: RateShape | None) -> Scaler:
     k = cell.settings
     if cell.strategy == PLANNER:
         return SLOPlanner(k)
+    if cell.strategy == FORESIGHT:
+        assert shape is not None, "foresight runs on shaped traffic"
+        return ForesightPlanner(k, shape, cell.notice_s)
     if cell.strategy == KEDA:
         latency = cell.spec.slo_defaults.latency
         return KedaSLORule(KedaSLOSettings(
@@ -116,7 +152,7 @@ def run_autoscale_cell(cell: AutoscaleCell) -> dict[str, Any]:
     started = time.perf_counter()
     run = run_pool(
         items, new_engine, PowerOfK(cell.seed, None, cell.spec), gateway.estimator,
-        _scaler(cell), initial=cell.replicas, warmup_s=cell.warmup_s, end_s=duration,
+        _scaler(cell, shape), initial=cell.replicas, warmup_s=cell.warmup_s, end_s=duration,
     )  # fmt: skip
     return row_of(cell, run, time.perf_counter() - started)
 
@@ -204,7 +240,8 @@ def main(
         sizing.extend(rows)
         start = max(1, math.ceil(peak_rate * float(shape.relative_at(0.0)) / capacity))
         print(f"{shape_name}: static-mean {mean_n} replicas, pools start at {start}", flush=True)
-        sizes = {STATIC_PEAK: peak_n, STATIC_MEAN: mean_n, KEDA: start, PLANNER: start}
+        sizes = {STATIC_PEAK: peak_n, STATIC_MEAN: mean_n, KEDA: start, PLANNER: start,
+                 FORESIGHT: start}
         cells += [replace(base, strategy=strategy, shape=shape_name, seed=seed,
                           replicas=sizes[strategy])
                   for strategy in STRATEGIES for seed in seeds]  # fmt: skip

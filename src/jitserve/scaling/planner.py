@@ -23,8 +23,9 @@ Each period (``periodSeconds``):
   at or under the utilization all that minute (the pool was as big as the planner meant
   it to be), the utilization falls in proportion to the miss, by at most 20%, and the
   minute's evidence is spent; a miss in a minute the pool was smaller than meant (a ramp
-  outran the warm-up, and its backlog) says nothing of the utilization. At or above
-  target while the ready replicas ran near the utilization, it rises a step. So the pool
+  outran the warm-up) says nothing of the utilization, but the backlog such a lag leaves
+  counts once the pool has caught up (waiting it out was measured: docs/autoscaling.md).
+  At or above target while the ready replicas ran near the utilization, it rises a step. So the pool
   settles at the load the SLOs hold at on this traffic, which a fixed latency threshold
   cannot know.
 - **Move**: up at once (replicas still warming count as there); down to the highest
