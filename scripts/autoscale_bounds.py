@@ -13,7 +13,6 @@ pool's replica-seconds against static-peak's::
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import replace
 
 from jitserve.bench.autoscale import (
@@ -21,13 +20,12 @@ from jitserve.bench.autoscale import (
     PLANNER,
     STATIC_PEAK,
     AutoscaleCell,
+    pool_base,
     run_autoscale_cell,
+    start_replicas,
 )
-from jitserve.bench.capacity import measure_capacity
-from jitserve.bench.matrix import VALIDATION_SEEDS
 from jitserve.bench.runner import run_cells_with
 from jitserve.policy import SLOPolicySpec
-from jitserve.policy.autoscaling import AutoscalingSettings
 from jitserve.sim.latency import DEFAULT_PROFILE, load_profile
 from jitserve.sim.traffic import SHAPES, RateShape
 from jitserve.sim.workload import WorkloadSpec
@@ -46,14 +44,9 @@ def main() -> int:
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     workload = WorkloadSpec(trace="azure-conv", duration_s=args.duration)
-    capacity = measure_capacity(load_profile(DEFAULT_PROFILE),
-                                replace(workload, seed=VALIDATION_SEEDS[0]))
-    settings = AutoscalingSettings(enabled=True, max_replicas=28, warmup_seconds=60.0,
-                                   replica_capacity=capacity)
-    shape = RateShape(args.shape, args.duration)
-    start = max(1, math.ceil(6 * shape.relative_at(0.0)))
-    base = AutoscaleCell(PLANNER, args.shape, 0, workload, 6 * capacity, DEFAULT_PROFILE,
-                         SLOPolicySpec(), settings, 60.0, replicas=start)
+    base = pool_base(workload, load_profile(DEFAULT_PROFILE), DEFAULT_PROFILE, SLOPolicySpec())
+    base = replace(base, strategy=PLANNER, shape=args.shape,
+                   replicas=start_replicas(base, RateShape(args.shape, args.duration)))
     variants: dict[str, AutoscaleCell] = {
         STATIC_PEAK: replace(base, strategy=STATIC_PEAK, replicas=args.static_peak),
         PLANNER: base,

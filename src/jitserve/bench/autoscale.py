@@ -49,6 +49,9 @@ FORESIGHT = "foresight"
 STRATEGIES = (STATIC_PEAK, STATIC_MEAN, KEDA, PLANNER, FORESIGHT)
 SIZING_S = 600.0
 """Seconds of constant-rate traffic a static size is checked on."""
+PEAK_REPLICAS = 6.0
+WARMUP_S = 60.0
+TARGET_ATTAINMENT = 0.95
 
 
 def add_autoscale_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,15 +62,15 @@ def add_autoscale_flags(parser: argparse.ArgumentParser) -> None:
         f"(comma-separated: {', '.join(SHAPES)}) over --duration seconds; docs/autoscaling.md",
     )
     parser.add_argument(
-        "--peak-replicas", type=float, default=6.0,
+        "--peak-replicas", type=float, default=PEAK_REPLICAS,
         help="with --autoscale: the peak arrival rate, in replicas' capacity",
     )
     parser.add_argument(
-        "--warmup", type=float, default=60.0,
+        "--warmup", type=float, default=WARMUP_S,
         help="with --autoscale: seconds from a replica's creation to its first request",
     )
     parser.add_argument(
-        "--target-attainment", type=float, default=0.95,
+        "--target-attainment", type=float, default=TARGET_ATTAINMENT,
         help="with --autoscale: the attainment every kind must hold (the planner's target "
         "and the static sizes' test)",
     )
@@ -204,6 +207,31 @@ def size_static(
     return n, tried
 
 
+def pool_base(
+    workload: WorkloadSpec, profile: Profile, profile_ref: str, spec: SLOPolicySpec, *,
+    peak_replicas: float = PEAK_REPLICAS, warmup_s: float = WARMUP_S,
+    target_attainment: float = TARGET_ATTAINMENT,
+) -> AutoscaleCell:
+    """The cell every pool of a run copies: one replica's capacity measured on a validation
+    window, the peak rate ``peak_replicas`` of it, the pool bounded at four times the
+    peak's replicas and four more."""
+    capacity = measure_capacity(profile, replace(workload, seed=VALIDATION_SEEDS[0]))
+    settings = AutoscalingSettings(
+        enabled=True, max_replicas=4 * math.ceil(peak_replicas) + 4,
+        target_attainment=target_attainment, warmup_seconds=warmup_s,
+        replica_capacity=capacity,
+    )  # fmt: skip
+    return AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_replicas * capacity,
+                         profile_ref, spec, settings, warmup_s)  # fmt: skip
+
+
+def start_replicas(base: AutoscaleCell, shape: RateShape) -> int:
+    """The replicas a sized pool starts with: enough for the shape's rate at t=0."""
+    capacity = base.settings.replica_capacity
+    assert capacity is not None, "the bench's settings carry the measured capacity"
+    return max(1, math.ceil(base.rate_per_s * shape.relative_at(0.0) / capacity))
+
+
 def main(
     args: argparse.Namespace, spec: SLOPolicySpec, workload: WorkloadSpec, profile: Profile,
     seeds: list[int],
@@ -221,15 +249,11 @@ def main(
     if not 0 < args.target_attainment <= 1:
         raise CLIError(f"--target-attainment must be in (0, 1], got {args.target_attainment}")
     print(f"measuring replica capacity on {workload.trace} (validation window)...", flush=True)
-    capacity = measure_capacity(profile, replace(workload, seed=VALIDATION_SEEDS[0]))
-    peak_rate = args.peak_replicas * capacity
-    max_replicas = 4 * math.ceil(args.peak_replicas) + 4
-    settings = AutoscalingSettings(
-        enabled=True, max_replicas=max_replicas, target_attainment=args.target_attainment,
-        warmup_seconds=args.warmup, replica_capacity=capacity,
-    )  # fmt: skip
-    base = AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_rate,
-                         args.profile, spec, settings, args.warmup)  # fmt: skip
+    base = pool_base(workload, profile, args.profile, spec, peak_replicas=args.peak_replicas,
+                     warmup_s=args.warmup, target_attainment=args.target_attainment)
+    settings, peak_rate = base.settings, base.rate_per_s
+    capacity, max_replicas = settings.replica_capacity, settings.max_replicas
+    assert capacity is not None, "pool_base measured it"
     print(f"capacity: {capacity:.3f} work items/s per replica; peak {peak_rate:.2f}/s", flush=True)
     peak_n, sizing = size_static(base, peak_rate, args.jobs, max_replicas)
     print(f"static-peak: {peak_n} replicas", flush=True)
@@ -238,7 +262,7 @@ def main(
         shape = RateShape(shape_name, workload.duration_s)
         mean_n, rows = size_static(base, peak_rate * shape.mean, args.jobs, max_replicas)
         sizing.extend(rows)
-        start = max(1, math.ceil(peak_rate * float(shape.relative_at(0.0)) / capacity))
+        start = start_replicas(base, shape)
         print(f"{shape_name}: static-mean {mean_n} replicas, pools start at {start}", flush=True)
         sizes = {STATIC_PEAK: peak_n, STATIC_MEAN: mean_n, KEDA: start, PLANNER: start,
                  FORESIGHT: start}

@@ -25,9 +25,9 @@ Each period (``periodSeconds``):
   minute's evidence is spent; a miss in a minute the pool was smaller than meant (a ramp
   outran the warm-up) says nothing of the utilization, but the backlog such a lag leaves
   counts once the pool has caught up (waiting it out was measured: docs/autoscaling.md).
-  At or above target while the ready replicas ran near the utilization, it rises a step. So the pool
-  settles at the load the SLOs hold at on this traffic, which a fixed latency threshold
-  cannot know.
+  At or above target while the ready replicas ran near the utilization, it rises a step.
+  So the pool settles at the load the SLOs hold at on this traffic, which a fixed latency
+  threshold cannot know.
 - **Move**: up at once (replicas still warming count as there); down to the highest
   recommendation of the last ``scaleDownStabilizationSeconds``, and only while none is
   warming. The pool drains what it removes (no request is cut).
