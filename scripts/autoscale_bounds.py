@@ -26,7 +26,7 @@ from jitserve.bench.autoscale import (
 )
 from jitserve.bench.runner import run_cells_with
 from jitserve.policy import SLOPolicySpec
-from jitserve.sim.latency import DEFAULT_PROFILE, load_profile
+from jitserve.sim.latency import DEFAULT_PROFILE
 from jitserve.sim.traffic import SHAPES, RateShape
 from jitserve.sim.workload import WorkloadSpec
 
@@ -44,7 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     workload = WorkloadSpec(trace="azure-conv", duration_s=args.duration)
-    base = pool_base(workload, load_profile(DEFAULT_PROFILE), DEFAULT_PROFILE, SLOPolicySpec())
+    base = pool_base(workload, DEFAULT_PROFILE, SLOPolicySpec())
     base = replace(base, strategy=PLANNER, shape=args.shape,
                    replicas=start_replicas(base, RateShape(args.shape, args.duration)))
     variants: dict[str, AutoscaleCell] = {

@@ -16,6 +16,7 @@ from jitserve.bench.autoscale import (
     STATIC_PEAK,
     AutoscaleCell,
     ForesightPlanner,
+    pool_base,
     run_autoscale_cell,
 )
 from jitserve.cli import main
@@ -103,3 +104,19 @@ def test_foresight_with_notice_is_told_only_once_the_rise_has_begun() -> None:
     # a period in, told the course: from 0.7 of the peak to the peak, 1/0.7 of the level
     rising = PoolSignals(at_s=ramp + 15.0, period_s=15.0, ready=4, warming=0, arrived=60)
     assert late.decide(rising).desired == 6
+
+
+def test_the_pools_run_the_engine_the_command_line_changed() -> None:
+    """``--max-num-seqs`` / ``--budget`` reach every pool's replicas, not only the capacity
+    measurement: one sequence at a time serves less of the same traffic."""
+    settings = AutoscalingSettings(enabled=True, max_replicas=4, replica_capacity=2.9)
+    base = AutoscaleCell(
+        STATIC_PEAK, "", 1, WorkloadSpec(trace="azure-conv", duration_s=60.0), 3.0,
+        "a100-llama3-8b", SLOPolicySpec(), settings, 20.0, replicas=1,
+    )
+    default = run_autoscale_cell(base)
+    one_slot = run_autoscale_cell(replace(base, profile_overrides=(("max_running", 1),)))
+    assert one_slot["met"] < default["met"]
+    assert pool_base(WorkloadSpec(trace="azure-conv", duration_s=60.0), "a100-llama3-8b",
+                     SLOPolicySpec(), (("max_running", 1),)).profile_overrides == (
+        ("max_running", 1),)

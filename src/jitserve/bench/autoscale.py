@@ -24,7 +24,7 @@ import numpy as np
 
 from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.matrix import VALIDATION_SEEDS
-from jitserve.bench.runner import run_cells_with
+from jitserve.bench.runner import cell_profile, run_cells_with
 from jitserve.bench.variants import make_engine, make_setup
 from jitserve.errors import CLIError
 from jitserve.goodput import GoodputLedger
@@ -36,7 +36,6 @@ from jitserve.scaling.planner import SLOPlanner
 from jitserve.scaling.signals import Scaler, Static
 from jitserve.sim.autoscale import PoolRun, run_pool
 from jitserve.sim.engine import Engine
-from jitserve.sim.latency import Profile, load_profile
 from jitserve.sim.traffic import SHAPES, RateShape
 from jitserve.sim.workload import WorkloadSpec, generate
 from jitserve.slo import SLOKind
@@ -86,6 +85,7 @@ class AutoscaleCell:
     rate_per_s: float
     """The peak rate (shaped traffic) or the constant rate."""
     profile: str
+    """The engine profile's name; with ``profile_overrides``, what every replica runs."""
     spec: SLOPolicySpec
     settings: AutoscalingSettings
     warmup_s: float
@@ -93,6 +93,9 @@ class AutoscaleCell:
     """Static strategies' size, and every pool's starting size."""
     notice_s: float | None = None
     """Foresight only: told of a rise this long after it begins (None: a warm-up ahead)."""
+    profile_overrides: tuple[tuple[str, float], ...] = ()
+    """The command line's changes to the profile (``--budget``, ``--max-num-seqs``): the
+    pools run the engine one replica's capacity was measured on."""
 
 
 class ForesightPlanner(SLOPlanner):
@@ -138,7 +141,7 @@ def _scaler(cell: AutoscaleCell, shape: RateShape | None) -> Scaler:
 
 
 def run_autoscale_cell(cell: AutoscaleCell) -> dict[str, Any]:
-    profile = load_profile(cell.profile)
+    profile = cell_profile(cell.profile, cell.profile_overrides)
     duration = cell.workload.duration_s
     shape = RateShape(cell.shape, duration) if cell.shape else None
     mean_rate = cell.rate_per_s * (shape.mean if shape else 1.0)
@@ -208,13 +211,16 @@ def size_static(
 
 
 def pool_base(
-    workload: WorkloadSpec, profile: Profile, profile_ref: str, spec: SLOPolicySpec, *,
+    workload: WorkloadSpec, profile_ref: str, spec: SLOPolicySpec,
+    overrides: tuple[tuple[str, float], ...] = (), *,
     peak_replicas: float = PEAK_REPLICAS, warmup_s: float = WARMUP_S,
     target_attainment: float = TARGET_ATTAINMENT,
 ) -> AutoscaleCell:
     """The cell every pool of a run copies: one replica's capacity measured on a validation
-    window, the peak rate ``peak_replicas`` of it, the pool bounded at four times the
-    peak's replicas and four more."""
+    window (on the profile with ``overrides``, which every pool then runs), the peak rate
+    ``peak_replicas`` of it, the pool bounded at four times the peak's replicas and four
+    more."""
+    profile = cell_profile(profile_ref, overrides)
     capacity = measure_capacity(profile, replace(workload, seed=VALIDATION_SEEDS[0]))
     settings = AutoscalingSettings(
         enabled=True, max_replicas=4 * math.ceil(peak_replicas) + 4,
@@ -222,7 +228,8 @@ def pool_base(
         replica_capacity=capacity,
     )  # fmt: skip
     return AutoscaleCell(PLANNER, "", VALIDATION_SEEDS[0], workload, peak_replicas * capacity,
-                         profile_ref, spec, settings, warmup_s)  # fmt: skip
+                         profile_ref, spec, settings, warmup_s,
+                         profile_overrides=overrides)  # fmt: skip
 
 
 def start_replicas(base: AutoscaleCell, shape: RateShape) -> int:
@@ -233,8 +240,8 @@ def start_replicas(base: AutoscaleCell, shape: RateShape) -> int:
 
 
 def main(
-    args: argparse.Namespace, spec: SLOPolicySpec, workload: WorkloadSpec, profile: Profile,
-    seeds: list[int],
+    args: argparse.Namespace, spec: SLOPolicySpec, workload: WorkloadSpec,
+    overrides: tuple[tuple[str, float], ...], seeds: list[int],
 ) -> int:
     from jitserve.bench import autoscale_report
 
@@ -249,7 +256,7 @@ def main(
     if not 0 < args.target_attainment <= 1:
         raise CLIError(f"--target-attainment must be in (0, 1], got {args.target_attainment}")
     print(f"measuring replica capacity on {workload.trace} (validation window)...", flush=True)
-    base = pool_base(workload, profile, args.profile, spec, peak_replicas=args.peak_replicas,
+    base = pool_base(workload, args.profile, spec, overrides, peak_replicas=args.peak_replicas,
                      warmup_s=args.warmup, target_attainment=args.target_attainment)
     settings, peak_rate = base.settings, base.rate_per_s
     capacity, max_replicas = settings.replica_capacity, settings.max_replicas
@@ -272,7 +279,8 @@ def main(
     rows = run_cells_with(run_autoscale_cell, cells, args.jobs, desc="autoscaling")
     meta = {
         "trace": workload.trace, "mix": list(workload.mix), "duration_s": workload.duration_s,
-        "profile": profile.name, "capacity_items_per_s": capacity,
+        "profile": args.profile, "profile_overrides": dict(overrides),
+        "capacity_items_per_s": capacity,
         "peak_replicas": args.peak_replicas, "peak_rate_per_s": peak_rate,
         "warmup_s": args.warmup, "target_attainment": args.target_attainment,
         "seeds": seeds, "shapes": shapes, "scheduler": spec.scheduler.policy,

@@ -288,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
     if args.autoscale:
         from jitserve.bench import autoscale
 
-        return autoscale.main(args, spec, workload, profile, seeds)
+        return autoscale.main(args, spec, workload, overrides, seeds)
     fleet = fleet_from_args(args)
     print(
         f"measuring capacity of profile {profile.name} (budget {profile.chunk_token_budget}, "
