@@ -20,7 +20,7 @@ from jitserve.sim.engine import Engine
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import WorkloadSpec, generate
 from jitserve.slo import CompoundSLO, DeadlineSLO
-from jitserve.tuning.tuner import with_auto
+from jitserve.tuning.tuner import Trial, Tuner, with_auto
 
 SPEC = SLOPolicySpec()
 WORKLOAD = WorkloadSpec(trace="azure-conv", duration_s=90.0, slo=SPEC.slo_defaults)
@@ -152,7 +152,8 @@ def _cell(policy: str, spec: SLOPolicySpec = SPEC, load: float = 1.8) -> Cell:
 def test_auto_switches_to_the_policy_that_earns_more() -> None:
     """Started on raw FCFS at overload, the tuner finds GMAX earns more on the traffic
     it saw, switches, and the run earns more than FCFS's."""
-    spec = with_auto(SPEC, candidates=["fcfs", "gmax"], period_seconds=15.0, window_seconds=30.0)
+    spec = with_auto(SPEC, candidates=["fcfs", "gmax"], period_seconds=15.0, window_seconds=30.0,
+                     memory=1)  # the 90 s run has room for one comparison
     auto = run_one(_cell("auto", spec))
     fcfs = run_one(_cell("fcfs", spec))
     assert auto["auto"]["switches"][0] == [0.0, "fcfs"]
@@ -174,6 +175,24 @@ def test_a_tuner_that_never_switches_leaves_the_run_as_the_fixed_policy_runs_it(
     for row in (alone, held):
         assert row["token_goodput"] == gmax["token_goodput"]
         assert row["frames"] == gmax["frames"]
+
+
+def test_a_candidate_takes_over_only_having_won_each_window_of_the_memory() -> None:
+    """One window far ahead carries a sum, not a switch; nor does anything before the
+    memory is full."""
+    spec = with_auto(SPEC, candidates=["gmax", "sjf-ac"], memory=3, margin=0.05)
+    tuner = Tuner(spec, load_profile())
+
+    def window(gmax: float, sjf: float) -> str:
+        trials = (Trial("gmax", gmax, 0, 50), Trial("sjf-ac", sjf, 0, 50))
+        return tuner.decide(trials, "gmax", 0.0, 0.0).choice
+
+    assert window(100, 300) == "gmax"  # one window: no memory yet
+    assert window(100, 300) == "gmax"
+    assert window(100, 90) == "gmax"  # 2.3x the sum, but it lost this window
+    assert window(100, 110) == "gmax"
+    assert window(100, 120) == "gmax"  # the lost window is still in the memory
+    assert window(100, 130) == "sjf-ac"  # won each of the last three: 360 > 1.05 x 300
 
 
 def test_tuner_settings_refuse_unknown_candidates_and_bad_numbers() -> None:

@@ -149,7 +149,7 @@ class AutoSettings(_Model):
     """``policy: auto``: every period the pod's last warm-up + window of traffic is replayed
     through the simulator once per candidate, and a candidate whose goodput (summed over
     the last ``memory`` comparisons) beats the scheduler in effect's by more than
-    ``margin`` takes over (docs/tuning.md)."""
+    ``margin``, and beat it in each of those comparisons, takes over (docs/tuning.md)."""
 
     candidates: list[SchedulerName] = Field(
         default_factory=lambda: list(AUTO_CANDIDATES),
@@ -174,11 +174,12 @@ class AutoSettings(_Model):
     margin: float = Field(
         default=0.05, ge=0, le=10,
         description="A candidate takes over when it earns more than (1 + margin) x the "
-        "scheduler in effect.",
+        "scheduler in effect over the last memory comparisons, and more in each of them.",
     )
     memory: int = Field(
         default=3, ge=1, le=100,
-        description="Comparisons whose scores are summed for a decision (hysteresis).",
+        description="Comparisons whose scores are summed for a decision, each of which a "
+        "candidate must win to take over (hysteresis); none takes over before that many.",
     )
     min_requests: int = Field(
         default=20, ge=1, le=1000000,

@@ -7,8 +7,9 @@ profile, once per candidate policy, each with a copy of the replica's own length
 estimator, and scored on the window's arrivals by what they earned by its end (goodput
 tokens, or requests that met their SLO, as the policy's objective says). The candidate
 whose scores summed over the last ``memory`` comparisons beat the policy in effect's by
-more than ``margin`` takes over (hysteresis: a near tie or one lucky window never
-switches); there is no comparison before a whole warm-up and window of history. The
+more than ``margin``, and that beat it in each of those ``memory`` windows, takes over
+(hysteresis: a near tie, one lucky window or one lucky burst never switches); there is no
+comparison before a whole warm-up and window of history. The
 settings are ``SLOPolicy``'s ``scheduler.auto``. The switch itself is the lifecycle's:
 the new policy takes the waiting and running requests as they are; the simulator's
 driver is :class:`AutoScheduler`, the sidecar's :mod:`jitserve.sidecar.tuning` (which
@@ -145,8 +146,17 @@ class Tuner:
         evidence = {t.policy: sum(s[t.policy] for s in self._recent) for t in trials}
         best = max(evidence, key=lambda name: evidence[name])
         current = evidence.get(in_effect, -math.inf)
-        choice = best if evidence[best] > (1 + self.settings.margin) * current else in_effect
+        ahead = evidence[best] > (1 + self.settings.margin) * current
+        choice = best if ahead and self._every_window(best, in_effect) else in_effect
         return Comparison(now_s, in_effect, choice, trials, evidence, cpu_s)
+
+    def _every_window(self, challenger: str, in_effect: str) -> bool:
+        """Whether ``challenger`` scored above ``in_effect`` in each of the last ``memory``
+        windows (a full memory of them): on azure-code's few long requests a 60 s
+        window's ranking turns over from one window to the next, and a sum can be carried
+        by one of them."""
+        return len(self._recent) == self.settings.memory and all(
+            s[challenger] > s.get(in_effect, -math.inf) for s in self._recent)
 
     def compare(self, items: list[Workitem], in_effect: str, estimator: LengthEstimator,
                 now_s: float) -> Comparison:
