@@ -97,6 +97,13 @@ class AutoscaleCell:
     """The command line's changes to the profile (``--budget``, ``--max-num-seqs``): the
     pools run the engine one replica's capacity was measured on."""
 
+    @property
+    def capacity_per_s(self) -> float:
+        """One replica's measured capacity (work items/s), which the bench's settings carry."""
+        capacity = self.settings.replica_capacity
+        assert capacity is not None, "the bench's settings carry the measured capacity"
+        return capacity
+
 
 class ForesightPlanner(SLOPlanner):
     """A ceiling, not a strategy one could deploy: jitserve's planner told how far the
@@ -194,9 +201,7 @@ def size_static(
     """The fewest replicas that hold every kind's target at ``rate_per_s`` on every
     validation window (constant rate, :data:`SIZING_S` seconds); the rows it ran."""
     workload = replace(base.workload, duration_s=SIZING_S)
-    capacity = base.settings.replica_capacity
-    assert capacity is not None, "the bench's settings carry the measured capacity"
-    n = max(1, math.ceil(rate_per_s / capacity))
+    n = max(1, math.ceil(rate_per_s / base.capacity_per_s))
     tried: list[dict[str, Any]] = []
     while n < max_replicas:
         cells = [replace(base, strategy=f"static-{n}", shape="", seed=seed, workload=workload,
@@ -234,9 +239,7 @@ def pool_base(
 
 def start_replicas(base: AutoscaleCell, shape: RateShape) -> int:
     """The replicas a sized pool starts with: enough for the shape's rate at t=0."""
-    capacity = base.settings.replica_capacity
-    assert capacity is not None, "the bench's settings carry the measured capacity"
-    return max(1, math.ceil(base.rate_per_s * shape.relative_at(0.0) / capacity))
+    return max(1, math.ceil(base.rate_per_s * shape.relative_at(0.0) / base.capacity_per_s))
 
 
 def main(
@@ -259,8 +262,7 @@ def main(
     base = pool_base(workload, args.profile, spec, overrides, peak_replicas=args.peak_replicas,
                      warmup_s=args.warmup, target_attainment=args.target_attainment)
     settings, peak_rate = base.settings, base.rate_per_s
-    capacity, max_replicas = settings.replica_capacity, settings.max_replicas
-    assert capacity is not None, "pool_base measured it"
+    capacity, max_replicas = base.capacity_per_s, settings.max_replicas
     print(f"capacity: {capacity:.3f} work items/s per replica; peak {peak_rate:.2f}/s", flush=True)
     peak_n, sizing = size_static(base, peak_rate, args.jobs, max_replicas)
     print(f"static-peak: {peak_n} replicas", flush=True)
