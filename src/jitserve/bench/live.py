@@ -120,6 +120,32 @@ class LiveStats:
     tpot: LogHistogram = field(default_factory=LogHistogram)
     """Per finished request: (last token - first token) / (tokens - 1)."""
 
+    def count(self, result: StreamResult) -> None:
+        """One call's answer. Shed for load (``retired``, not an error): any 429 (the
+        sidecar's answer to load, whatever its code: ``queue_full``,
+        ``waiting_time_exceeded``, ``would_start_late``, ``ttl_expired``) and the 503
+        ``slo_unreachable`` that ends a stream overload control gave up on."""
+        self.requests += 1
+        self.output_tokens += len(result.token_ids)
+        self.statuses[result.status] = self.statuses.get(result.status, 0) + 1
+        if result.status in (429, 503) and "Retry-After" not in result.headers:
+            self.refused_without_retry_after += 1
+        if result.error is None and result.finish_reason is not None:
+            self.completed += 1
+        if len(result.token_times) > 1 and result.error is None:
+            times = result.token_times
+            self.tpot.add((times[-1] - times[0]) / (len(times) - 1))
+        if result.extension:
+            self.preemptions += int(result.extension.get("preemptions") or 0)
+        if result.error is None:
+            return
+        code = str(result.error.get("code") or result.error.get("type") or result.status)
+        self.error_messages[code] = self.error_messages.get(code, 0) + 1
+        if result.status == 429 or code == "slo_unreachable":
+            self.retired += 1
+        else:
+            self.errors += 1
+
 
 async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None, req: Request,
                     rng: random.Random, stats: LiveStats, slo: dict[str, Any],
@@ -138,25 +164,7 @@ async def _one_call(session: aiohttp.ClientSession, url: str, model: str | None,
         result = await stream_completion(session, url, body, headers)
     except (aiohttp.ClientError, OSError) as err:
         result = StreamResult(status=0, error={"message": str(err)})
-    stats.requests += 1
-    stats.output_tokens += len(result.token_ids)
-    stats.statuses[result.status] = stats.statuses.get(result.status, 0) + 1
-    if result.status in (429, 503) and "Retry-After" not in result.headers:
-        stats.refused_without_retry_after += 1
-    if result.error is None and result.finish_reason is not None:
-        stats.completed += 1
-    if len(result.token_times) > 1 and result.error is None:
-        times = result.token_times
-        stats.tpot.add((times[-1] - times[0]) / (len(times) - 1))
-    if result.extension:
-        stats.preemptions += int(result.extension.get("preemptions") or 0)
-    if result.error is not None:
-        code = str(result.error.get("code") or result.error.get("type") or result.status)
-        stats.error_messages[code] = stats.error_messages.get(code, 0) + 1
-        if code in ("slo_unreachable", "waiting_time_exceeded", "queue_full"):
-            stats.retired += 1
-        else:
-            stats.errors += 1
+    stats.count(result)
     return result
 
 
