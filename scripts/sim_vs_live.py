@@ -82,7 +82,8 @@ async def live_rounds(args: argparse.Namespace, load: float, spec: Any,
 
 
 def simulated(cell: Cell, engine_queue: int, path_s: float) -> dict[str, float]:
-    overrides = (("engine_queue", engine_queue), ("request_path_s", path_s))
+    overrides = (("engine_queue", engine_queue), ("request_path_s", path_s),
+                 ("door", bool(engine_queue or path_s)))
     return flat(run_one(dataclasses.replace(cell, profile_overrides=overrides)))
 
 

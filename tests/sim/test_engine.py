@@ -68,12 +68,13 @@ def build_items(specs: list[tuple[int, int, str]], gaps: list[float]) -> list[Wo
     slots=st.sampled_from([2, 8, 256]),
     queue=st.sampled_from([0, 0, 1, 4]),
     unstarted=st.booleans(),
+    door=st.booleans(),
 )
 def test_every_request_ends_once_with_all_its_tokens(specs, gaps, policy, kv, slots, queue,  # type: ignore[no-untyped-def]
-                                                     unstarted):
+                                                     unstarted, door):
     items = build_items(specs, gaps)
     engine, ledger = simulate(items, policy, kv_capacity_tokens=kv, max_running=slots,
-                              engine_queue=queue, engine_queue_unstarted=unstarted)
+                              engine_queue=queue, engine_queue_unstarted=unstarted, door=door)
     # one outcome per request or program: nothing lost, nothing served twice
     assert len(ledger.outcomes) == len(items)
     assert engine.live == 0 and engine.running == 0 and engine.policy.waiting() == 0
@@ -228,3 +229,22 @@ def test_the_stacks_path_delays_every_call_by_its_time() -> None:
         if calls == 1:
             assert base.ttft_s is not None and slow.ttft_s is not None
             assert slow.ttft_s == pytest.approx(base.ttft_s + 0.005)
+
+
+@pytest.mark.parametrize("door", [False, True])
+def test_the_sidecar_stacks_door_refuses_what_would_start_late(door: bool) -> None:
+    """One slot; a long request finishes (the door learns a slot is held ~3 s), then ten
+    latency arrivals at once with a 2 s TTFT target. Under raw fcfs, which has no overload
+    control of its own, the stack's door admits the first and refuses the other nine at
+    arrival (a slot ahead of each: forecast ~3 s); without the door all ten wait and
+    start late."""
+    slo = LatencySLO(2.0, 0.1)
+    items: list[Workitem] = [Request("r0", "t", DeadlineSLO(60.0), 64, 0.0, output_tokens=400)]
+    items += [Request(f"r{i}", "t", slo, 64, 10.0, output_tokens=400) for i in range(1, 11)]
+    _, ledger = simulate(items, "fcfs", max_running=1, door=door)
+    burst = [o for o in ledger.outcomes if o.kind.value == "latency"]
+    refused = [o for o in burst if o.retired]
+    assert len(burst) == 10
+    assert all(o.ttft_s is None and o.output_tokens == 0 for o in refused)
+    assert len(refused) == (9 if door else 0)
+    assert sum(o.met for o in burst) == 1

@@ -124,8 +124,10 @@ def register(subparsers: Any) -> None:
         type=int,
         metavar="N",
         help="model the sidecar stack: N requests dispatched beyond the B slots wait inside "
-        "the engine in dispatch order, as the sidecar's --engine-queue keeps them in vLLM "
-        "(default: 0, the policy picks at the step a slot frees, as an in-engine scheduler)",
+        "the engine in dispatch order, as the sidecar's --engine-queue keeps them in vLLM, "
+        "and latency arrivals are judged at the sidecar's door (admission.onTimeQuantile) "
+        "(default: none, the policy picks at the step a slot frees, as an in-engine "
+        "scheduler, and there is no door)",
     )
     parser.add_argument("--max-prompt", type=int, metavar="TOKENS",
                         help="cap every prompt at this many tokens (as --live's workload on a "
@@ -349,7 +351,7 @@ def _profile_overrides(args: argparse.Namespace) -> tuple[tuple[str, float], ...
     if args.engine_queue is not None:
         if args.engine_queue < 0:
             raise CLIError(f"--engine-queue must be >= 0, got {args.engine_queue}")
-        overrides.append(("engine_queue", args.engine_queue))
+        overrides += [("engine_queue", args.engine_queue), ("door", True)]
     return tuple(overrides)
 
 

@@ -137,7 +137,7 @@ def make_engine(name: str, spec: SLOPolicySpec, profile: Profile, seed: int,
     scheduler = spec.scheduler
     return Engine(profile, setup.policy, setup.estimator, setup.stage_share, ledger=ledger,
                   refine_every=scheduler.refine_every, budget_rule=scheduler.budget_rule,
-                  batch_constructor=scheduler.batch_constructor)
+                  batch_constructor=scheduler.batch_constructor, spec=spec)
 
 
 def make_setup(name: str, spec: SLOPolicySpec, seed: int = 0) -> Setup:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jitserve.goodput import GoodputLedger
+from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveProgram, LiveRequest, Program, Request, Workitem
 from jitserve.scheduling.base import Policy
 from jitserve.scheduling.budget import BudgetRule
@@ -68,7 +69,10 @@ class Engine:
         refine_every: int = 50,
         budget_rule: BudgetRule = BudgetRule.FIXED,
         batch_constructor: bool = False,
+        spec: SLOPolicySpec | None = None,
     ) -> None:
+        """``spec``: the settings (admission, preemption) the stack's door runs with
+        where ``profile.door`` says the stack has one (None: the defaults)."""
         self.profile = profile
         self.budget_rule = budget_rule
         self.batch_constructor = batch_constructor
@@ -87,6 +91,9 @@ class Engine:
             ledger=ledger,
             refine_every=refine_every,
         )
+        if profile.door:
+            self.lifecycle.door.configure(spec or SLOPolicySpec())
+            self.lifecycle.max_running = profile.max_running
         self.policy = policy
         self.ledger = self.lifecycle.ledger
         self._stats = EngineStats()

@@ -33,7 +33,7 @@ TIME_FIELDS = (
     "a4_s_per_context_token", "a5_s_per_seq", "a6_s_compute_intercept", "a7_s_per_prefill_step",
 )  # fmt: skip
 """The coefficients that are times (a slower engine scales them, and the table)."""
-STACK_FIELDS = frozenset({"engine_queue", "engine_queue_unstarted", "request_path_s"})
+STACK_FIELDS = frozenset({"engine_queue", "engine_queue_unstarted", "request_path_s", "door"})
 """How the serving stack feeds the engine: set per run (``jitserve bench --engine-queue``,
 ``scripts/sim_vs_live.py``), never part of a calibrated profile file."""
 
@@ -107,6 +107,11 @@ class Profile(BaseModel):
     """The serving stack's fixed time per LLM call outside the engine (client -> sidecar ->
     vLLM, and the first token back), measured with lone requests through the stack: a
     call reaches the engine this long after it is sent; 0: the engine's time alone."""
+    door: bool = False
+    """The serving stack judges each latency arrival at the door, as the sidecar does
+    (:mod:`jitserve.serving.forecast`, ``admission.onTimeQuantile``): refused at once when
+    its first token is forecast past its target; False: as an in-engine scheduler, which
+    has no door."""
     linear_table: LinearTable | None = None
     """The linear layers as measured; None: the two branches alone."""
 
