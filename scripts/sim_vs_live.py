@@ -22,10 +22,12 @@ in-engine scheduler would (``in-engine``: the policy picks at the step a slot fr
 time outside the engine: the simulator's defaults). As the stack runs means two things
 measured on the stack, not fitted to the table: the sidecar's engine queue (read from its
 ``/debug/scheduler``: requests dispatched beyond the slots wait in vLLM in dispatch
-order) and the stack's fixed path per call (``--path-requests`` lone requests through the
-stack, before any round: their median time to first token less the profile's step for
-their prompt). ``--live-from`` reuses the live rounds of an earlier run's
-``sim_vs_live.json`` (the path is measured again, on the stack at ``--url``).
+order), the sidecar's door (a latency arrival forecast to start late is refused at once,
+for every policy, raw ``fcfs`` included) and the stack's fixed path per call
+(``--path-requests`` lone requests through the stack, before any round: their median
+time to first token less the profile's step for their prompt). ``--live-from`` reuses
+the live rounds of an earlier run's ``sim_vs_live.json``, with its engine queue and lone
+requests: the simulator side alone, no stack needed (``--url``, ``--policy-file`` unused).
 """
 
 from __future__ import annotations
@@ -164,10 +166,14 @@ def main() -> int:
     base = live_spec(args.duration, 1.0, args.seed, args.mix, args.trace)
     capacity = measure_capacity(profile, base)
     print(f"simulator capacity of {profile.name}: {capacity:.2f} work items/s", flush=True)
-    earlier = ({r["load"]: r["live"] for r in json.loads(args.live_from.read_text())}
-               if args.live_from else {})
-    queue = args.engine_queue if args.engine_queue is not None else live_engine_queue(args.url)
-    lone = asyncio.run(lone_ttfts(args.url, args.path_requests, args.path_prompt))
+    saved = json.loads(args.live_from.read_text()) if args.live_from else []
+    earlier = {r["load"]: r["live"] for r in saved}
+    if saved:  # the stack as it was measured then: its queue and lone requests
+        queue, lone = saved[0]["engine_queue"], saved[0]["lone_ttft_s"]
+    else:
+        queue = (args.engine_queue if args.engine_queue is not None
+                 else live_engine_queue(args.url))
+        lone = asyncio.run(lone_ttfts(args.url, args.path_requests, args.path_prompt))
     engine_s = profile.step_s(args.path_prompt, args.path_prompt ** 2 / 2, 0, 0, 1)
     path = max(0.0, statistics.median(lone) - engine_s)
     print(f"the sidecar's engine queue: {queue}; lone requests' time to first token: median "
@@ -194,7 +200,8 @@ def main() -> int:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     lines = ["| load | policy | tokens/s live (sd) | sim / live | requests/s live (sd) | "
-             "sim / live | TTFT p50 s live | sim / live | TTFT p99 s live | sim / live |",
+             "sim / live | TTFT p50 s live (range) | sim / live | TTFT p99 s live (range) | "
+             "sim / live |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for policy, rows in r["live"].items():
@@ -205,14 +212,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 sd = statistics.stdev(values) if len(values) > 1 else 0.0
                 ratios = [r[side][policy][metric] / mean if mean else float("nan")
                           for side in ("sim", "in_engine")]
-                shown = f"{mean:.3g} ({sd:.2g})" if metric in METRICS[:2] else f"{mean:.3g}"
+                shown = (f"{mean:.3g} ({sd:.2g})" if metric in METRICS[:2]
+                         else f"{mean:.3g} ({min(values):.2g}-{max(values):.2g})")
                 cells += [shown, f"{ratios[0]:.2f} ({ratios[1]:.2f})"]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if results:
         lines.append(f"sim / live: the simulator as the stack runs (engine queue "
-                     f"{results[0]['engine_queue']}, path {results[0]['path_s'] * 1e3:.1f} ms); "
-                     "in brackets the engine alone with an in-engine scheduler.")
+                     f"{results[0]['engine_queue']}, path {results[0]['path_s'] * 1e3:.1f} ms, "
+                     "the sidecar's door); in brackets the engine alone with an in-engine "
+                     "scheduler (no door).")
     lines.append("")
     for r in results:
         for metric, pairs in r["pairs"].items():
