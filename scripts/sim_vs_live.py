@@ -83,10 +83,9 @@ async def live_rounds(args: argparse.Namespace, load: float, spec: Any,
     return out
 
 
-def simulated(cell: Cell, engine_queue: int, path_s: float) -> dict[str, float]:
-    overrides = (("engine_queue", engine_queue), ("request_path_s", path_s),
-                 ("door", bool(engine_queue or path_s)))
-    return flat(run_one(dataclasses.replace(cell, profile_overrides=overrides)))
+def simulated(cell: Cell, stack: tuple[tuple[str, float], ...]) -> dict[str, float]:
+    """``cell`` on the profile with ``stack``'s fields (none: the engine alone)."""
+    return flat(run_one(dataclasses.replace(cell, profile_overrides=stack)))
 
 
 async def lone_ttfts(url: str, n: int, prompt_tokens: int) -> list[float]:
@@ -179,13 +178,15 @@ def main() -> int:
     print(f"the sidecar's engine queue: {queue}; lone requests' time to first token: median "
           f"{statistics.median(lone) * 1e3:.2f} ms, the profile's step "
           f"{engine_s * 1e3:.2f} ms: the stack's path {path * 1e3:.2f} ms", flush=True)
+    # the sidecar always runs its door, whatever its queue and path
+    stack = (("engine_queue", queue), ("request_path_s", path), ("door", True))
     results: list[dict[str, Any]] = []
     for load in (float(x) for x in args.loads.split(",")):
         spec = live_spec(args.duration, load * capacity, args.seed, args.mix, args.trace)
         cells = {policy: Cell(policy, load, args.seed, spec, capacity, args.profile,
                               SLOPolicySpec()) for policy in policies}
-        sim = {policy: simulated(cell, queue, path) for policy, cell in cells.items()}
-        in_engine = {policy: simulated(cell, 0, 0.0) for policy, cell in cells.items()}
+        sim = {policy: simulated(cell, stack) for policy, cell in cells.items()}
+        in_engine = {policy: simulated(cell, ()) for policy, cell in cells.items()}
         live = earlier[load] if load in earlier else asyncio.run(
             live_rounds(args, load, spec, policies))
         results.append({"load": load, "rate": load * capacity, "engine_queue": queue,
