@@ -71,6 +71,23 @@ def test_overdue_requests_are_retired_unless_planned_or_started() -> None:
     assert layer2.frame(view([], now=10.0, batch=4)).retire == []
 
 
+@pytest.mark.parametrize("retires", ["all", "late"])
+def test_late_keeps_waiting_what_its_deadline_still_pays_for(retires: str) -> None:
+    spec = load_policy({"admission": {"maxWaitingSeconds": 5, "maxWaitingRetires": retires}})
+    layer = EDF(spec, OverloadControl())
+    # both waited 10 s; 100 tokens at 0.03 s each: "loose" needs ~3 s of the 990 left,
+    # "tight" ~3 s of 2.5 (reachable alone at unloaded speed, so rule 1 keeps it)
+    loose = live("loose", arrival=0.0, slo=DeadlineSLO(1000))
+    tight = live("tight", arrival=0.0, slo=DeadlineSLO(12.5))
+    for r in (loose, tight):
+        layer.enqueue(r, 0.0)
+    busy = live("busy", arrival=0.0, slo=DeadlineSLO(1000), running=True)
+    plan = layer.frame(EngineView(10.0, 1, [busy], 0.03, 1e-4, 1e-4))
+    retired = sorted(x.request.req.request_id for x in plan.retire)
+    assert retired == (["loose", "tight"] if retires == "all" else ["tight"])
+    assert {x.reason.value for x in plan.retire} == {"max_waiting"}
+
+
 def test_raw_baselines_never_retire() -> None:
     edf = make_policy(SLOPolicySpec(), name="edf")
     doomed = live("doomed", arrival=0.0, prompt=50000, slo=DeadlineSLO(2))

@@ -10,8 +10,13 @@ from jitserve.policy import SLOPolicySpec
 from jitserve.requests import LiveProgram, LiveRequest, LLMCall, Program, Request, Stage
 from jitserve.scheduling.baselines.keyed import KeyInput, KeySpeeds
 from jitserve.scheduling.registry import BASELINES
-from jitserve.scheduling.slack import out_of_reach
-from jitserve.scheduling.table import WaitingTable, features_of, out_of_reach_rows
+from jitserve.scheduling.slack import late_to_start, out_of_reach
+from jitserve.scheduling.table import (
+    WaitingTable,
+    features_of,
+    late_to_start_rows,
+    out_of_reach_rows,
+)
 from jitserve.slo import CompoundSLO, DeadlineSLO, LatencySLO
 from tests.support.requests import live
 
@@ -41,6 +46,19 @@ def test_the_array_rule_gives_the_answers_of_out_of_reach() -> None:
         rows = out_of_reach_rows(features_of(rs), now, 1e-4, 0.03)
         expected = [out_of_reach(r, now, 1e-4, 0.03) for r in rs]
         assert rows.tolist() == expected
+
+
+def test_the_array_rule_gives_the_answers_of_late_to_start() -> None:
+    rs = mixed(300, seed=11)
+    for r in rs[::4]:
+        r.expected = r.bound // 2  # the typical length, where the estimator gives one
+    answers = set()
+    for now in (1.0, 5.0, 12.0, 40.0):
+        rows = late_to_start_rows(features_of(rs), now, 1e-4, 0.03)
+        expected = [late_to_start(r, now, 1e-4, 0.03) for r in rs]
+        assert rows.tolist() == expected
+        answers.update(expected)
+    assert answers == {True, False}
 
 
 def test_the_table_pops_in_key_order_ties_to_the_first_pushed() -> None:

@@ -114,11 +114,22 @@ class OverloadAction(StrEnum):
     DEMOTE = "demote"
 
 
+class MaxWaitingRetires(StrEnum):
+    ALL = "all"
+    LATE = "late"
+
+
 class AdmissionSettings(_Model):
     """Admission and overload control."""
 
     max_waiting_seconds: Seconds = Field(
         default=5.0, description="Requests not scheduled within this are retired (paper section 5)."
+    )
+    max_waiting_retires: MaxWaitingRetires = Field(
+        default=MaxWaitingRetires.ALL,
+        description="Which requests past maxWaitingSeconds are retired: all (the paper) or "
+        "only those that, started now at the engine's current speed, would miss their SLO "
+        "(late); a deadline request with slack left keeps waiting.",
     )
     queue_cap: int = Field(
         default=4096, ge=1, le=1_000_000, description="Requests beyond this queue get HTTP 429."

@@ -14,7 +14,10 @@ frame:
 2. **max waiting**: a request that waited in the queue longer than
    ``admission.maxWaitingSeconds`` (since it arrived, or since it was preempted: the
    table's ``queued`` column) is given up, unless the policy plans to start it soon
-   (``frame.keep``, written by the policy's stages: this stage runs last).
+   (``frame.keep``, written by the policy's stages: this stage runs last); with
+   ``admission.maxWaitingRetires: late``, only if it is also past its latest start at
+   the engine's *current* speed (a deadline request with slack left keeps waiting: a
+   fixed wait retires work that loose deadlines would still have paid for).
 
 Giving up means ``admission.overloadAction``: ``drop`` retires the request (a
 :class:`~jitserve.scheduling.base.Retirement` with its reason in the
@@ -32,11 +35,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from jitserve.policy import OverloadAction, SLOPolicySpec
+from jitserve.policy import MaxWaitingRetires, OverloadAction, SLOPolicySpec
 from jitserve.scheduling.base import RetireReason
 from jitserve.scheduling.frame import Frame, Stage
 from jitserve.scheduling.slack import out_of_reach
-from jitserve.scheduling.table import out_of_reach_rows
+from jitserve.scheduling.table import late_to_start_rows, out_of_reach_rows
 
 MIN_STEP_S = 1e-3
 
@@ -96,16 +99,19 @@ class GiveUpUnreachable:
 
 class GiveUpOverdue:
     """Rule 2, the last stage: requests that waited past ``admission.maxWaitingSeconds``
-    and that the policy does not plan to start soon are given up."""
+    (``late``: and past their latest start at the current speed) and that the policy
+    does not plan to start soon are given up."""
 
     name = "overdue"
 
     def __init__(self, switch: _Switch) -> None:
         self.switch = switch
         self.max_waiting_s = math.inf
+        self.only_late = False
 
     def configure(self, spec: SLOPolicySpec) -> None:
         self.max_waiting_s = spec.admission.max_waiting_seconds
+        self.only_late = spec.admission.max_waiting_retires is MaxWaitingRetires.LATE
 
     def run(self, frame: Frame) -> None:
         if not self.switch.enabled:
@@ -113,6 +119,11 @@ class GiveUpOverdue:
         queue, keep, demoted = frame.queue, frame.keep, frame.kept.demoted
         gone = frame.plan.retired()
         waited_long = frame.now_s - queue.floats("queued") > self.max_waiting_s
+        if self.only_late and waited_long.any():
+            view = frame.view
+            waited_long &= late_to_start_rows(
+                queue.features(), frame.now_s, view.prefill_s_per_token, view.decode_step_s
+            )
         overdue = [
             r for r in (queue.rows[i] for i in np.flatnonzero(waited_long))
             if r not in keep and r not in gone and r not in demoted

@@ -10,6 +10,8 @@ policy and by overload control so that "too late" means the same thing everywher
   earn its full gain, given its typical remaining length;
 - ``latency_tokens_reachable``: how many of a latency request's tokens would be on time
   from a given start (vectorised);
+- ``late_to_start``: past the latest start at the given (loaded) speeds, judged by the
+  deadline the request is judged by (compound: the program's);
 - ``out_of_reach``: the deadline (latency: the first token's due time) cannot be met
   even if the request ran alone at unloaded speed from now (its remaining prefill and
   one decode step): provably lost.
@@ -68,6 +70,18 @@ def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
         due = slo.due_s(r.req.arrival_s, r.generated)
         return due - (prefill_left + 1) * prefill_s
     return deadline_s(r) - (prefill_left * prefill_s + typical_remaining(r) * decode_s)
+
+
+def late_to_start(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
+    """Started now at these speeds, ``r`` would miss its SLO: past
+    :func:`latest_start_s` for a latency request; otherwise its prefill and typical decode
+    would end past the deadline it is judged by (a compound call: its program's, not the
+    stage's sub-deadline, which is a plan, not the SLO)."""
+    if is_latency(r):
+        return now_s > latest_start_s(r, prefill_s, decode_s)
+    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
+    work = (r.prefill_target - r.prefilled) * prefill_s + typical_remaining(r) * decode_s
+    return now_s > deadline - work
 
 
 def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:

@@ -318,3 +318,16 @@ def out_of_reach_rows(
     due = features.token_due(features.generated)
     latency_lost = ~features.first_token & (now_s + fastest > due)
     return np.where(features.is_latency, latency_lost, now_s + fastest > features.whole_deadline)
+
+
+def late_to_start_rows(
+    features: Features, now_s: float, prefill_s: float, decode_s: float
+) -> BoolArray:
+    """:func:`jitserve.scheduling.slack.late_to_start` over requests given by their
+    features, as arrays (tests/scheduling/test_waiting_table.py holds the two to the same
+    answers)."""
+    latency_start = features.token_due(features.generated) - (features.prefill_left + 1) * prefill_s
+    other_start = features.whole_deadline - (
+        features.prefill_left * prefill_s + features.typical * decode_s
+    )
+    return now_s > np.where(features.is_latency, latency_start, other_start)
