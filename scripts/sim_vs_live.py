@@ -27,7 +27,9 @@ for every policy, raw ``fcfs`` included) and the stack's fixed path per call
 (``--path-requests`` lone requests through the stack, before any round: their median
 time to first token less the profile's step for their prompt). ``--live-from`` reuses
 the live rounds of an earlier run's ``sim_vs_live.json``, with its engine queue and lone
-requests: the simulator side alone, no stack needed (``--url``, ``--policy-file`` unused).
+requests: the simulator side alone, no stack needed (``--url`` unused). Both sides run
+the settings of ``--policy-file`` (e.g. ``admission.maxWaitingRetires``), each policy by
+its name; an absent file is the defaults.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from jitserve.bench.capacity import measure_capacity
 from jitserve.bench.live import live_row, live_spec, run_live, scheduler_state, switch_policy
 from jitserve.bench.runner import Cell, run_one
 from jitserve.bench.stream import stream_completion
-from jitserve.policy import SLOPolicySpec
+from jitserve.policy import SLOPolicySpec, load_policy_file
 from jitserve.sim.latency import load_profile
 from jitserve.sim.workload import generate
 
@@ -180,11 +182,13 @@ def main() -> int:
           f"{engine_s * 1e3:.2f} ms: the stack's path {path * 1e3:.2f} ms", flush=True)
     # the sidecar always runs its door, whatever its queue and path
     stack = (("engine_queue", queue), ("request_path_s", path), ("door", True))
+    settings = (load_policy_file(args.policy_file) if args.policy_file.exists()
+                else SLOPolicySpec())
     results: list[dict[str, Any]] = []
     for load in (float(x) for x in args.loads.split(",")):
         spec = live_spec(args.duration, load * capacity, args.seed, args.mix, args.trace)
-        cells = {policy: Cell(policy, load, args.seed, spec, capacity, args.profile,
-                              SLOPolicySpec()) for policy in policies}
+        cells = {policy: Cell(policy, load, args.seed, spec, capacity, args.profile, settings)
+                 for policy in policies}
         sim = {policy: simulated(cell, stack) for policy, cell in cells.items()}
         in_engine = {policy: simulated(cell, ()) for policy, cell in cells.items()}
         live = earlier[load] if load in earlier else asyncio.run(
