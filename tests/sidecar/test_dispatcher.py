@@ -376,6 +376,30 @@ def test_retired_request_gets_429_with_retry_after(policy: dict[str, Any], slo: 
 
 
 
+
+def test_with_retires_late_a_request_with_slack_keeps_waiting_past_the_limit() -> None:
+    async def scenario() -> tuple[Job, Job]:
+        spec = load_policy({"scheduler": {"policy": "edf-ac"},
+                            "admission": {"maxWaitingSeconds": 0.1, "maxWaitingRetires": "late"}})
+        d, backend, clock = make_dispatcher(spec, batch=1)
+        blocker = await submit(d, Request("long", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                          max_tokens=200))
+        d.step(0.0, frame_due=True)
+        await settle()
+        patient = await submit(d, Request("patient", "t1", DeadlineSLO(100.0), 10, 0.0,
+                                          max_tokens=5))
+        for k in range(1, 20):  # as the case above that retires it under "all"
+            clock.now = k * TICK
+            d.step(clock.now, frame_due=True)
+            await settle()
+            backend.tick()
+            await settle()
+        return blocker, patient
+
+    blocker, patient = asyncio.run(scenario())
+    assert not blocker.done and not patient.done
+    assert patient.events.empty()  # no 429: still queued, its deadline 100 s away
+
 @pytest.mark.parametrize("quantile", [0.9, 0.0])
 def test_a_latency_request_that_would_start_late_is_refused_at_the_door(
         quantile: float) -> None:
