@@ -5,7 +5,9 @@ exited 2, address already in use). Each launcher's first port is taken here on p
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,45 @@ def test_the_gateway_launcher_does_the_same(tmp_path: Path, first_port_taken: in
             assert b"address already in use" in gw.log_path.read_bytes()
         finally:
             gw.close()
+
+
+class _OnlyHealth(BaseHTTPRequestHandler):
+    """Another worker's server: a fake engine answers /health and nothing else."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b"{}" if self.path == "/health" else b"404: Not Found")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_foreign_server_on_the_admin_port_is_not_taken_for_the_gateway(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ci-fresh: the gateway lost its first port, another worker's fake engine held its
+    admin port and answered /health, and the launcher took that for the gateway."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    foreign = ThreadingHTTPServer(("127.0.0.1", 0), _OnlyHealth)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    handed = iter([taken.getsockname()[1], foreign.server_address[1]])
+    real = launcher.vl.free_port
+    monkeypatch.setattr(launcher.vl, "free_port", lambda: next(handed, None) or real())
+    try:
+        with DeadPort() as replica:
+
+            class Dead:
+                url, admin_url, port = replica.url, replica.url, replica.port
+
+            gw = GatewayProcess([Dead()], tmp_path / "gateway.log")
+            try:
+                gw.wait_ready(replicas=0)
+                assert foreign.server_address[1] not in (gw.port, gw.admin_port)
+                assert gw.info().get("replicas") == []
+            finally:
+                gw.close()
+    finally:
+        foreign.shutdown()
+        taken.close()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from jitserve.devstack import vllm as vl
 
@@ -21,6 +23,29 @@ def alive(pid: int, *, group: bool = False) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP ``port`` (any address), from /proc/net/tcp{,6}."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            next(rows)
+            for row in rows:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+def holds_port(pid: int, port: int) -> bool:
+    """Whether process ``pid`` has a socket listening on ``port`` open."""
+    inodes = {f"socket:[{inode}]" for inode in listening_inodes(port)}
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd) in inodes for fd in fds.iterdir())
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 class OnFreePorts:
@@ -51,12 +76,25 @@ class OnFreePorts:
             return b"address already in use" in log.read()
 
     def wait_serving(self, url: Callable[[], str], timeout_s: float) -> bool:
-        """Until ``url()`` (read again after a restart) answers 2xx; False if the child
-        exits for another reason or does not answer in time."""
+        """Until ``url()`` (read again after a restart) answers 2xx from the child itself
+        (another worker's server that took the port answers too: ci-fresh, a gateway test
+        read a fake engine's 404 at its admin port); False if the child exits for another
+        reason or does not answer in time."""
         for _ in range(BIND_TRIES):
-            if vl.wait_http_ok(url(), timeout_s, self.proc):
+            if vl.wait_http_ok(url(), timeout_s, self.proc) and self._holds(url(), timeout_s):
                 return True
             if not self._lost_its_port():
                 return False
             self.start()
+        return False
+
+    def _holds(self, url: str, timeout_s: float) -> bool:
+        """Until the child listens on ``url``'s port (True) or exits (False)."""
+        port = urlsplit(url).port
+        assert port is not None, url
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if holds_port(self.proc.pid, port):
+                return True
+            time.sleep(0.1)
         return False
