@@ -40,9 +40,7 @@ def next_token_due_s(r: LiveRequest) -> float:
     slo = r.req.slo
     if isinstance(slo, LatencySLO) and r.program is None:
         return slo.due_s(r.req.arrival_s, r.generated)
-    if r.program is not None:
-        return r.program.deadline_abs_s
-    return r.deadline_abs_s
+    return judged_deadline_s(r)
 
 
 def deadline_s(r: LiveRequest) -> float:
@@ -53,6 +51,13 @@ def deadline_s(r: LiveRequest) -> float:
     if is_latency(r):
         return math.inf
     return r.deadline_abs_s
+
+
+def judged_deadline_s(r: LiveRequest) -> float:
+    """The deadline a non-latency request's SLO is judged by: a compound call's program's
+    (its stage sub-deadline is a plan, not the SLO), the request's own otherwise (the
+    ``whole_deadline`` column of :mod:`jitserve.scheduling.table`)."""
+    return r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
 
 
 def typical_remaining(r: LiveRequest) -> float:
@@ -75,13 +80,11 @@ def latest_start_s(r: LiveRequest, prefill_s: float, decode_s: float) -> float:
 def late_to_start(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
     """Started now at these speeds, ``r`` would miss its SLO: past
     :func:`latest_start_s` for a latency request; otherwise its prefill and typical decode
-    would end past the deadline it is judged by (a compound call: its program's, not the
-    stage's sub-deadline, which is a plan, not the SLO)."""
+    would end past :func:`judged_deadline_s`."""
     if is_latency(r):
         return now_s > latest_start_s(r, prefill_s, decode_s)
-    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
     work = (r.prefill_target - r.prefilled) * prefill_s + typical_remaining(r) * decode_s
-    return now_s > deadline - work
+    return now_s > judged_deadline_s(r) - work
 
 
 def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float) -> bool:
@@ -98,8 +101,7 @@ def out_of_reach(r: LiveRequest, now_s: float, prefill_s: float, decode_s: float
         if r.first_token_s is not None:
             return False
         return now_s + fastest > next_token_due_s(r)
-    deadline = r.program.deadline_abs_s if r.program is not None else r.deadline_abs_s
-    return now_s + fastest > deadline
+    return now_s + fastest > judged_deadline_s(r)
 
 
 def latency_tokens_reachable(
