@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jitserve.bench.calibrate_engine import shape_grid
 from jitserve.sim.latency import Profile
 
@@ -54,3 +56,16 @@ def test_the_grid_stays_inside_the_engines_limits() -> None:
     assert prefill[0] == 1 and prefill[-1] == 1022 and 1024 not in prefill
     assert decoders == [1, 2, 4, 8, 16, 32, 48]
     assert shape_grid(512, 4096, 8, [8, 600, 16])[0] == [8, 16]
+
+
+def test_front_end_time_is_ttft_less_queue_and_prefill_between_two_reads() -> None:
+    from jitserve.bench.calibrate_engine import PREFILL, QUEUE, TTFT, front_end_s
+
+    before = {TTFT + "_sum": 1.0, TTFT + "_count": 10, QUEUE + "_sum": 0.2,
+              QUEUE + "_count": 10, PREFILL + "_sum": 0.5, PREFILL + "_count": 10}
+    # 4 requests in between: 30 ms to first token each, 5 ms queued, 15 ms in prefill
+    after = {TTFT + "_sum": 1.12, TTFT + "_count": 14, QUEUE + "_sum": 0.22,
+             QUEUE + "_count": 14, PREFILL + "_sum": 0.56, PREFILL + "_count": 14}
+    assert front_end_s(before, after) == pytest.approx(0.010)
+    assert front_end_s(after, after) is None  # nothing recorded in between
+    assert front_end_s({}, {TTFT + "_sum": 1.0, TTFT + "_count": 1}) is None

@@ -46,6 +46,8 @@ from jitserve.sim.measured import (
 )
 
 PREFILL = "vllm:request_prefill_time_seconds"
+QUEUE = "vllm:request_queue_time_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
 PER_TOKEN = "vllm:request_time_per_output_token_seconds"
 CACHE_INFO = "vllm:cache_config_info"
 CACHE_HITS = "vllm:prefix_cache_hits_total"
@@ -55,6 +57,22 @@ SHORT_CONTEXT = 16
 LONG_CONTEXT = 512
 TOKEN_IDS = (10, 1000)
 """Prompt token ids are drawn from this range: inside any vocabulary of 1,000 or more."""
+
+
+def front_end_s(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Mean seconds a request spent outside vLLM's engine core before its first token,
+    between two :meth:`EngineClient.totals`: vLLM's time to first token (from its API
+    server's arrival) less the engine core's queue and prefill time. None if no request
+    was recorded in between."""
+    def mean(name: str) -> float | None:
+        n = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+        total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)
+        return total / n if n > 0 else None
+
+    ttft, queue, prefill = mean(TTFT), mean(QUEUE), mean(PREFILL)
+    if ttft is None or queue is None or prefill is None:
+        return None
+    return ttft - queue - prefill
 
 
 class EngineClient:
