@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from jitserve.policy import load_policy
+from jitserve.policy import AdmissionSettings, MaxWaitingRetires, load_policy
 from jitserve.requests import Request
 from jitserve.scheduling.base import FramePlan, RetireReason
 from jitserve.scheduling.estimators import QuantileEstimator
@@ -105,17 +105,27 @@ def test_fairness_id_is_the_tenant_when_keys_allow() -> None:
 
 def test_should_retry_only_when_a_retry_can_help() -> None:
     final = [bad_request("x", "y"),
-             retirement_error(RetireReason.UNREACHABLE, 3, 60.0, streaming=True),
+             retirement_error(RetireReason.UNREACHABLE, 3, AdmissionSettings(), streaming=True),
              APIError(404, "no", code="model_not_found")]
     for error in final:
         assert error.headers()["x-should-retry"] == "false", error.code
-    shed = [retirement_error(reason, 2, 60.0) for reason in RetireReason]
+    shed = [retirement_error(reason, 2, AdmissionSettings()) for reason in RetireReason]
     assert [(e.status, e.code) for e in shed] == [(429, "waiting_time_exceeded"),
                                                   (429, "slo_unreachable"),
                                                   (429, "would_start_late")]
     for error in (queue_full(2), backend_down(), *shed):
         assert error.headers()["x-should-retry"] == "true", error.code
         assert "Retry-After" in error.headers()
+
+
+def test_a_request_retired_past_its_wait_is_told_which_rule_retired_it() -> None:
+    every = retirement_error(RetireReason.MAX_WAITING, 2, AdmissionSettings())
+    late = retirement_error(RetireReason.MAX_WAITING, 2, AdmissionSettings(
+        max_waiting_seconds=7, max_waiting_retires=MaxWaitingRetires.LATE))
+    assert str(every) == "waiting time exceeded: not scheduled within 5 s"
+    assert str(late) == ("waiting time exceeded: not scheduled within 7 s, and started now "
+                         "it would miss its SLO")
+    assert every.code == late.code == "waiting_time_exceeded"
 
 
 def test_request_ids_echoed_and_checked() -> None:

@@ -123,7 +123,9 @@ class AdmissionSettings(_Model):
     """Admission and overload control."""
 
     max_waiting_seconds: Seconds = Field(
-        default=5.0, description="Requests not scheduled within this are retired (paper section 5)."
+        default=5.0,
+        description="Requests not scheduled within this are retired (paper section 5), all "
+        "or only the late ones (maxWaitingRetires).",
     )
     max_waiting_retires: MaxWaitingRetires = Field(
         default=MaxWaitingRetires.ALL,

@@ -231,7 +231,7 @@ class Dispatcher:
             for gone in self.lifecycle.refused:
                 self.report.retired(gone)
             raise retirement_error(RetireReason.WOULD_START_LATE, self.admission.retry_after_s(),
-                                   self.spec.admission.max_waiting_seconds)
+                                   self.spec.admission)
         self.bounds.arrived(live)
         job = Job(live=live, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
                   sampling=sampling or {}, min_tokens=min_tokens, forward=forward,
@@ -361,8 +361,7 @@ class Dispatcher:
         if job is None or job.done:
             return
         self._close(job, "retired")
-        error = retirement_error(gone.reason, self.admission.retry_after_s(),
-                                 self.spec.admission.max_waiting_seconds,
+        error = retirement_error(gone.reason, self.admission.retry_after_s(), self.spec.admission,
                                  streaming=job.live.first_token_s is not None)
         job.events.put_nowait(Event(EventKind.ERROR, error=error))
 

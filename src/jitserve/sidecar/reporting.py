@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jitserve.goodput import Outcome
-from jitserve.policy import SLOPolicySpec
+from jitserve.policy import AdmissionSettings, MaxWaitingRetires, SLOPolicySpec
 from jitserve.requests import LiveRequest, Request
 from jitserve.scheduling.base import Policy, RetireReason
 from jitserve.serving.interface import FrameResult, Retired
@@ -40,16 +40,18 @@ def nan_as_null(figures: dict[str, float]) -> dict[str, float | None]:
     return {k: None if math.isnan(v) else v for k, v in figures.items()}
 
 
-def retirement_error(reason: RetireReason, retry_after_s: int, max_waiting_s: float,
+def retirement_error(reason: RetireReason, retry_after_s: int, admission: AdmissionSettings,
                      streaming: bool = False) -> APIError:
     """What a retired request gets. Before its first token it was shed for load: 429 +
     ``Retry-After`` (a retry starts a new SLO clock), with the reason as the code. A
     stream already under way whose SLO can no longer be met ends with a 503 event that a
     retry of the same request cannot fix."""
     if reason is RetireReason.MAX_WAITING:
-        return queue_full(retry_after_s,
-                          f"waiting time exceeded: not scheduled within {max_waiting_s:g} s",
-                          code="waiting_time_exceeded", dropped_reason=TTL_EXPIRED)
+        message = f"waiting time exceeded: not scheduled within {admission.max_waiting_seconds:g} s"
+        if admission.max_waiting_retires is MaxWaitingRetires.LATE:
+            message += ", and started now it would miss its SLO"
+        return queue_full(retry_after_s, message, code="waiting_time_exceeded",
+                          dropped_reason=TTL_EXPIRED)
     if reason is RetireReason.WOULD_START_LATE:
         return queue_full(retry_after_s, "the first token would come after the TTFT target "
                           "under the current load (forecast at the door)",
