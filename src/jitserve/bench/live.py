@@ -189,7 +189,7 @@ async def _run_request(session: aiohttp.ClientSession, url: str, model: str | No
     goodput = goodput if finished or isinstance(slo, LatencySLO) else 0
     ttft = result.token_times[0] - arrival if result.token_times else None
     ledger.record(Outcome(req.tenant, req.kind, req.slo_class, req.prompt_tokens, generated,
-                          goodput, met, not finished, ttft, now - arrival))
+                          goodput, met, not finished, ttft, now - arrival, req.arrival_s))
     if len(result.token_times) > 1:
         ledger.tbt.add_many(np.diff(np.asarray(result.token_times, dtype=np.float64)))
 
@@ -220,7 +220,7 @@ async def _run_program(session: aiohttp.ClientSession, url: str, model: str | No
     met = ok and now <= arrival + program.slo.deadline_s
     ledger.record(Outcome(program.tenant, SLOKind.COMPOUND, program.slo_class, tokens_in,
                           tokens_out, tokens_in + tokens_out if met else 0, met, not ok, None,
-                          now - arrival))
+                          now - arrival, program.arrival_s))
 
 
 async def run_live(url: str, items: list[Workitem], model: str | None = None, seed: int = 1,
