@@ -85,7 +85,7 @@ async def live_rounds(args: argparse.Namespace, load: float, spec: Any, policies
     import aiohttp
 
     items = list(generate(spec))
-    out: dict[str, list[dict[str, float]]] = {p: [] for p in policies}
+    out: Rounds = {p: [] for p in policies}
     pooled = {p: LogHistogram() for p in policies}
     front: list[float] = []
     for round_ in range(args.rounds):
@@ -214,7 +214,8 @@ def main() -> int:
     print(f"the sidecar's engine queue: {queue}; lone requests' time to first token: median "
           f"{statistics.median(lone) * 1e3:.2f} ms, the profile's step "
           f"{engine_s * 1e3:.2f} ms: the stack's path {path * 1e3:.2f} ms"
-          + (f" (vLLM's front end {lone_front * 1e3:.2f} ms of it)" if lone_front else ""),
+          + (f" (vLLM's front end {lone_front * 1e3:.2f} ms of it)"
+             if lone_front is not None else ""),
           flush=True)
     settings = (load_policy_file(args.policy_file) if args.policy_file.exists()
                 else SLOPolicySpec())
@@ -227,7 +228,8 @@ def main() -> int:
         else:
             live, pooled, front = asyncio.run(live_rounds(args, load, spec, policies, engine))
         # the front end's wait under this load, beyond what the lone requests' path holds
-        extra = max(0.0, front - lone_front) if front is not None and lone_front else 0.0
+        extra = (max(0.0, front - lone_front)
+                 if front is not None and lone_front is not None else 0.0)
         # the sidecar always runs its door, whatever its queue and path
         stack = (("engine_queue", queue), ("request_path_s", path + extra), ("door", True))
         cells = {policy: Cell(policy, load, args.seed, spec, capacity, args.profile, settings)

@@ -59,17 +59,25 @@ TOKEN_IDS = (10, 1000)
 """Prompt token ids are drawn from this range: inside any vocabulary of 1,000 or more."""
 
 
+def moved(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    """Observations histogram ``name`` recorded between two :meth:`EngineClient.totals`."""
+    return after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+
+
+def mean_between(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    """The mean of what histogram ``name`` recorded between two :meth:`EngineClient.totals`
+    (None if it recorded nothing)."""
+    n = moved(before, after, name)
+    total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)
+    return total / n if n > 0 else None
+
+
 def front_end_s(before: dict[str, float], after: dict[str, float]) -> float | None:
     """Mean seconds a request spent outside vLLM's engine core before its first token,
     between two :meth:`EngineClient.totals`: vLLM's time to first token (from its API
     server's arrival) less the engine core's queue and prefill time. None if no request
     was recorded in between."""
-    def mean(name: str) -> float | None:
-        n = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
-        total = after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)
-        return total / n if n > 0 else None
-
-    ttft, queue, prefill = mean(TTFT), mean(QUEUE), mean(PREFILL)
+    ttft, queue, prefill = (mean_between(before, after, name) for name in (TTFT, QUEUE, PREFILL))
     if ttft is None or queue is None or prefill is None:
         return None
     return ttft - queue - prefill
@@ -138,13 +146,13 @@ class EngineClient:
         deadline = time.monotonic() + 30
         while True:  # vLLM records a request's stats as it processes its last output
             after = self.totals()
-            count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
-            if count >= len(prompts) or time.monotonic() > deadline:
+            if moved(before, after, name) >= len(prompts) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        if count <= 0:
+        mean = mean_between(before, after, name)
+        if mean is None:
             raise CLIError(f"--engine {self.url}: {name} did not move (metrics disabled?)")
-        return (after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / count
+        return mean
 
     def cache_hits(self) -> float:
         return self.totals().get(CACHE_HITS, 0.0)
